@@ -1,0 +1,444 @@
+//! The command line: `proxy run`, `proxy gen-certs`, `proxy check-config`.
+//!
+//! Exit codes: 0 success (including a drained shutdown on SIGTERM/SIGINT), 1 a failure
+//! while running or starting (bad key, port in use, ...), 2 a usage or configuration error.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+use tokio_util::sync::CancellationToken;
+
+use crate::config::{
+    Config, ConfigError, HandshakeOffload, ListenerConfig, ListenerMode, TlsPolicy, TlsVersion,
+    UpstreamProtocol,
+};
+use crate::crypto::{generate_cert_set, CertAlgorithmName, KxGroupName, ProviderName};
+use crate::server::{write_ready_file, Proxy};
+
+/// TLS terminator for vector-database ingestion (rustls with a run-time crypto provider).
+#[derive(Debug, Parser)]
+#[command(name = "proxy", version, about, long_about = None)]
+pub struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Terminate TLS and forward to the upstream.
+    Run(Box<RunArgs>),
+    /// Write a CA and a server certificate per algorithm (plus a client certificate).
+    GenCerts(GenCertsArgs),
+    /// Print the resolved configuration, or every error in it.
+    CheckConfig(CheckConfigArgs),
+}
+
+/// `proxy run`: flags override the config file; with no file the flags alone are enough.
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// TOML configuration file.
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
+    #[command(flatten)]
+    overrides: Overrides,
+    /// Write the bound addresses as JSON here once listening (useful with port 0).
+    #[arg(long, value_name = "FILE")]
+    ready_file: Option<PathBuf>,
+}
+
+/// Settings that can come from flags as well as from the file.
+#[derive(Debug, Args, Default)]
+pub struct Overrides {
+    /// Listener bind address (e.g. 0.0.0.0:6334).
+    #[arg(long, value_name = "ADDR")]
+    listen: Option<String>,
+    /// Listener name in logs and metrics.
+    #[arg(long)]
+    name: Option<String>,
+    /// Upstream URL (e.g. http://127.0.0.1:6333).
+    #[arg(long, value_name = "URL")]
+    upstream: Option<String>,
+    /// Crypto provider: ring, aws-lc-rs, openssl, openssl-qat.
+    #[arg(long, value_name = "P")]
+    provider: Option<ProviderName>,
+    /// Certificate chain, PEM.
+    #[arg(long, value_name = "FILE")]
+    cert: Option<PathBuf>,
+    /// Private key, PEM (PKCS#8, PKCS#1 or SEC1).
+    #[arg(long, value_name = "FILE")]
+    key: Option<PathBuf>,
+    /// How requests reach the upstream in http mode.
+    #[arg(long, value_enum)]
+    upstream_protocol: Option<UpstreamProtocol>,
+    /// http (L7) or tcp (decrypt and splice).
+    #[arg(long, value_enum)]
+    mode: Option<ListenerMode>,
+    /// Admin listener (/metrics, /healthz, /readyz).
+    #[arg(long, value_name = "ADDR")]
+    admin: Option<String>,
+    /// Lowest TLS version: 1.2 or 1.3.
+    #[arg(long, value_name = "V")]
+    tls_min: Option<TlsVersion>,
+    /// Highest TLS version: 1.2 or 1.3.
+    #[arg(long, value_name = "V")]
+    tls_max: Option<TlsVersion>,
+    /// Key-exchange groups, comma-separated, in preference order.
+    #[arg(long, value_name = "GROUPS", value_delimiter = ',')]
+    kx: Option<Vec<KxGroupName>>,
+    /// Session resumption: on or off.
+    #[arg(long, value_name = "on|off", value_parser = parse_on_off)]
+    resumption: Option<bool>,
+    /// Require client certificates chaining to this CA (mTLS).
+    #[arg(long, value_name = "FILE")]
+    client_ca: Option<PathBuf>,
+    /// Where handshakes sign: inline (on the reactor) or pool (dedicated threads).
+    #[arg(long, value_enum)]
+    handshake_offload: Option<HandshakeOffload>,
+    /// Threads in the handshake pool (0: one per CPU).
+    #[arg(long, value_name = "N")]
+    handshake_threads: Option<usize>,
+    /// Reactor worker threads (0: one per CPU).
+    #[arg(long, value_name = "N")]
+    worker_threads: Option<usize>,
+    /// Maximum open client connections.
+    #[arg(long, value_name = "N")]
+    max_connections: Option<usize>,
+    /// TLS handshake timeout (e.g. 10s, 500ms).
+    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
+    handshake_timeout: Option<Duration>,
+    /// Time allowed for the upstream's response headers.
+    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
+    upstream_timeout: Option<Duration>,
+    /// Idle connection timeout.
+    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
+    idle_timeout: Option<Duration>,
+    /// How long in-flight requests may take to finish after SIGTERM.
+    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
+    shutdown_grace: Option<Duration>,
+    /// Log filter (overridden by RUST_LOG): error, warn, info, debug, trace.
+    #[arg(long, value_name = "LEVEL")]
+    log_level: Option<String>,
+}
+
+fn parse_on_off(s: &str) -> Result<bool, String> {
+    match s {
+        "on" | "true" | "yes" => Ok(true),
+        "off" | "false" | "no" => Ok(false),
+        _ => Err(format!("expected on or off, got {s:?}")),
+    }
+}
+
+#[derive(Debug, Args)]
+struct GenCertsArgs {
+    /// Output directory.
+    #[arg(long, value_name = "DIR")]
+    out: PathBuf,
+    /// Extra subject alternative names (DNS names or IP addresses), beside localhost,
+    /// 127.0.0.1 and ::1.
+    #[arg(long = "san", value_name = "NAME")]
+    sans: Vec<String>,
+    /// Algorithms to generate (default: all four).
+    #[arg(long, value_delimiter = ',', value_name = "ALGS")]
+    algorithms: Option<Vec<CertAlgorithmName>>,
+}
+
+#[derive(Debug, Args)]
+struct CheckConfigArgs {
+    /// The TOML file to check.
+    file: PathBuf,
+}
+
+/// Entry point of the binary.
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Run(args) => run(*args),
+        Command::GenCerts(args) => gen_certs(args),
+        Command::CheckConfig(args) => check_config(args),
+    }
+}
+
+fn fail(code: u8, msg: &dyn std::fmt::Display) -> ExitCode {
+    for line in msg.to_string().lines() {
+        eprintln!("proxy: error: {line}");
+    }
+    ExitCode::from(code)
+}
+
+/// Merges the file (if any) and the flags into one configuration.
+pub fn resolve(config_file: Option<&PathBuf>, o: &Overrides) -> Result<Config, ConfigError> {
+    let mut cfg = match config_file {
+        Some(path) => Config::from_file(path)?,
+        None => Config::empty(),
+    };
+    if let Some(p) = o.provider {
+        cfg.provider = p;
+    }
+    if let Some(a) = &o.admin {
+        cfg.admin.listen = a.clone();
+    }
+    if let Some(l) = &o.log_level {
+        cfg.log_level = l.clone();
+    }
+    if let Some(n) = o.worker_threads {
+        cfg.worker_threads = n;
+    }
+    if let Some(h) = o.handshake_offload {
+        cfg.handshake.offload = h;
+    }
+    if let Some(n) = o.handshake_threads {
+        cfg.handshake.pool_threads = n;
+    }
+    if let Some(n) = o.max_connections {
+        cfg.limits.max_connections = n;
+    }
+    if let Some(d) = o.handshake_timeout {
+        cfg.limits.handshake_timeout = d;
+    }
+    if let Some(d) = o.upstream_timeout {
+        cfg.limits.upstream_response_timeout = d;
+    }
+    if let Some(d) = o.idle_timeout {
+        cfg.limits.idle_timeout = d;
+    }
+    if let Some(d) = o.shutdown_grace {
+        cfg.limits.shutdown_grace = d;
+    }
+
+    let listener_flags = o.listen.is_some()
+        || o.name.is_some()
+        || o.upstream.is_some()
+        || o.cert.is_some()
+        || o.key.is_some()
+        || o.upstream_protocol.is_some()
+        || o.mode.is_some()
+        || o.tls_min.is_some()
+        || o.tls_max.is_some()
+        || o.kx.is_some()
+        || o.resumption.is_some()
+        || o.client_ca.is_some();
+    if !listener_flags {
+        return Ok(cfg);
+    }
+    match cfg.listeners.len() {
+        0 => {
+            let missing: Vec<&str> = [
+                ("--listen", o.listen.is_none()),
+                ("--upstream", o.upstream.is_none()),
+                ("--cert", o.cert.is_none()),
+                ("--key", o.key.is_none()),
+            ]
+            .into_iter()
+            .filter_map(|(f, m)| m.then_some(f))
+            .collect();
+            if !missing.is_empty() {
+                return Err(ConfigError {
+                    problems: vec![format!(
+                        "a listener given by flags needs {}",
+                        missing.join(", ")
+                    )],
+                });
+            }
+            cfg.listeners.push(ListenerConfig {
+                name: None,
+                listen: String::new(),
+                cert: PathBuf::new(),
+                key: PathBuf::new(),
+                upstream: String::new(),
+                mode: ListenerMode::default(),
+                upstream_protocol: UpstreamProtocol::default(),
+                provider: None,
+                tls: TlsPolicy::default(),
+            });
+        }
+        1 => {}
+        n => {
+            return Err(ConfigError {
+                problems: vec![format!(
+                    "listener flags (--listen, --cert, --upstream, ...) are ambiguous: the config file defines {n} listeners; set these in the file instead"
+                )],
+            })
+        }
+    }
+    let l = &mut cfg.listeners[0];
+    if let Some(v) = &o.listen {
+        l.listen = v.clone();
+    }
+    if let Some(v) = &o.name {
+        l.name = Some(v.clone());
+    }
+    if let Some(v) = &o.upstream {
+        l.upstream = v.clone();
+    }
+    if let Some(v) = &o.cert {
+        l.cert = v.clone();
+    }
+    if let Some(v) = &o.key {
+        l.key = v.clone();
+    }
+    if let Some(v) = o.upstream_protocol {
+        l.upstream_protocol = v;
+    }
+    if let Some(v) = o.mode {
+        l.mode = v;
+    }
+    if let Some(v) = o.tls_min {
+        l.tls.min_version = v;
+    }
+    if let Some(v) = o.tls_max {
+        l.tls.max_version = v;
+    }
+    if let Some(v) = &o.kx {
+        l.tls.kx_groups = v.clone();
+    }
+    if let Some(v) = o.resumption {
+        l.tls.resumption = v;
+    }
+    if let Some(v) = &o.client_ca {
+        l.tls.client_ca = Some(v.clone());
+    }
+    // A listener given by flags that overrides the file's provider for the whole process
+    // must not be shadowed by the listener's own provider setting.
+    if o.provider.is_some() {
+        l.provider = None;
+    }
+    Ok(cfg)
+}
+
+fn init_logging(level: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .init();
+}
+
+fn run(args: RunArgs) -> ExitCode {
+    let config = match resolve(args.config.as_ref(), &args.overrides) {
+        Ok(c) => c,
+        Err(e) => return fail(2, &e),
+    };
+    if let Err(e) = config.validate() {
+        return fail(2, &e);
+    }
+    init_logging(&config.log_level);
+    let mut rt = tokio::runtime::Builder::new_multi_thread();
+    rt.enable_all().thread_name("proxy-worker");
+    if config.worker_threads > 0 {
+        rt.worker_threads(config.worker_threads);
+    }
+    let rt = match rt.build() {
+        Ok(rt) => rt,
+        Err(e) => return fail(1, &format!("cannot start the runtime: {e}")),
+    };
+    rt.block_on(async move {
+        let proxy = match Proxy::bind(&config).await {
+            Ok(p) => p,
+            Err(e) => return fail(1, &e),
+        };
+        let (listeners, admin) = proxy.addresses();
+        if let Some(path) = &args.ready_file {
+            if let Err(e) = write_ready_file(path, &listeners, admin) {
+                return fail(
+                    1,
+                    &format!("cannot write --ready-file {}: {e}", path.display()),
+                );
+            }
+        }
+        tracing::info!(
+            admin = %admin.map_or_else(String::new, |a| a.to_string()),
+            pid = std::process::id(),
+            "proxy serving"
+        );
+        let shutdown = CancellationToken::new();
+        let signal_token = shutdown.clone();
+        tokio::spawn(async move {
+            let name = wait_for_signal().await;
+            tracing::info!(signal = name, "shutting down");
+            signal_token.cancel();
+        });
+        proxy.serve(shutdown).await;
+        ExitCode::SUCCESS
+    })
+}
+
+async fn wait_for_signal() -> &'static str {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate()).expect("installing a SIGTERM handler");
+    let mut int = signal(SignalKind::interrupt()).expect("installing a SIGINT handler");
+    tokio::select! {
+        _ = term.recv() => "SIGTERM",
+        _ = int.recv() => "SIGINT",
+    }
+}
+
+fn gen_certs(args: GenCertsArgs) -> ExitCode {
+    let algorithms = args
+        .algorithms
+        .unwrap_or_else(|| CertAlgorithmName::ALL.to_vec());
+    match generate_cert_set(&args.out, &algorithms, &args.sans) {
+        Ok(set) => {
+            println!("CA certificate:     {}", set.ca_cert.display());
+            for (alg, cert, key) in &set.servers {
+                println!(
+                    "{:<19} {} + {}",
+                    format!("{alg}:"),
+                    cert.display(),
+                    key.display()
+                );
+            }
+            println!(
+                "client (mTLS):      {} + {}",
+                set.client.0.display(),
+                set.client.1.display()
+            );
+            ExitCode::SUCCESS
+        }
+        Err(e) => fail(1, &e),
+    }
+}
+
+fn check_config(args: CheckConfigArgs) -> ExitCode {
+    let config = match Config::from_file(&args.file) {
+        Ok(c) => c,
+        Err(e) => return fail(2, &e),
+    };
+    let mut problems = match config.validate() {
+        Ok(()) => Vec::new(),
+        Err(e) => e.problems,
+    };
+    // Beyond syntax: load every listener's key material with its provider, as `run` would.
+    for (i, lc) in config.listeners.iter().enumerate() {
+        if !lc.cert.is_file() || !lc.key.is_file() {
+            continue;
+        }
+        let provider = match crate::crypto::Provider::new(
+            lc.provider.unwrap_or(config.provider),
+            &lc.tls.kx_groups,
+        ) {
+            Ok(p) => p,
+            Err(e) => {
+                problems.push(format!("listener[{i}]: {e}"));
+                continue;
+            }
+        };
+        match crate::crypto::load_certified_key(&provider, &lc.cert, &lc.key) {
+            Ok(cert) => {
+                if let Err(e) = crate::tls::server_config(&provider, &cert, &lc.tls, &[]) {
+                    problems.push(format!("listener[{i}]: {e}"));
+                }
+            }
+            Err(e) => problems.push(format!("listener[{i}]: {e}")),
+        }
+    }
+    if problems.is_empty() {
+        print!("{}", config.to_toml());
+        ExitCode::SUCCESS
+    } else {
+        fail(2, &ConfigError { problems })
+    }
+}

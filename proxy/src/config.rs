@@ -1,0 +1,511 @@
+//! One typed configuration for the proxy: a TOML file, overridden by command-line flags,
+//! validated as a whole at start-up (every problem reported, not just the first).
+//!
+//! Every default is a named constant with the reason for its value.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::crypto::{KxGroupName, ProviderName};
+
+/// Admin listener default: loopback only, so metrics and the admin API are never exposed
+/// by accident; operators opt in to a wider bind.
+pub const DEFAULT_ADMIN_LISTEN: &str = "127.0.0.1:9900";
+/// aws-lc-rs is the fastest software provider in our trial builds and the baseline of the
+/// reference study.
+pub const DEFAULT_PROVIDER: ProviderName = ProviderName::AwsLcRs;
+/// Beyond this many open client connections, new ones wait in the kernel's accept queue.
+pub const DEFAULT_MAX_CONNECTIONS: usize = 10_000;
+/// A client that has not finished its handshake by then is holding a slot for nothing.
+pub const DEFAULT_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Time allowed to receive a complete request head (slowloris defence); generous for
+/// clients on slow links.
+pub const DEFAULT_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
+/// A connection with no bytes moving for this long is closed gracefully.
+pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(120);
+/// Request heads larger than this get 431; Qdrant's own requests are far below it.
+pub const DEFAULT_MAX_HEADER_BYTES: usize = 64 * 1024;
+/// One UPSERT_100 of 1024-d vectors is about 800 KB of JSON; 32 MiB leaves room for
+/// large batches while still bounding memory per request.
+pub const DEFAULT_MAX_REQUEST_BODY_BYTES: u64 = 32 * 1024 * 1024;
+/// The upstream is local: if connecting takes longer than this it is not coming.
+pub const DEFAULT_UPSTREAM_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// Time to the upstream's response headers. Large `wait=true` upserts into a busy Qdrant
+/// can take seconds; a minute separates slow from stuck.
+pub const DEFAULT_UPSTREAM_RESPONSE_TIMEOUT: Duration = Duration::from_secs(60);
+/// HTTP/2 streams per client connection; gRPC clients multiplex, and this bounds the
+/// work one connection can queue.
+pub const DEFAULT_H2_MAX_CONCURRENT_STREAMS: u32 = 256;
+/// In-flight requests get this long to finish after SIGTERM.
+pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
+
+/// The whole proxy configuration.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// Default crypto provider for every listener.
+    #[serde(default = "default_provider")]
+    pub provider: ProviderName,
+    /// Log filter (tracing EnvFilter syntax); RUST_LOG wins when set.
+    #[serde(default = "default_log_level")]
+    pub log_level: String,
+    /// Reactor worker threads; 0 means one per CPU.
+    #[serde(default)]
+    pub worker_threads: usize,
+    /// Where and how the TLS handshake's signing runs.
+    #[serde(default)]
+    pub handshake: HandshakeConfig,
+    /// Limits and timeouts, for every listener.
+    #[serde(default)]
+    pub limits: Limits,
+    /// The admin listener (/metrics, /healthz, /readyz).
+    #[serde(default)]
+    pub admin: AdminConfig,
+    /// Client-facing listeners.
+    #[serde(default, rename = "listener")]
+    pub listeners: Vec<ListenerConfig>,
+}
+
+fn default_provider() -> ProviderName {
+    DEFAULT_PROVIDER
+}
+fn default_log_level() -> String {
+    "info".to_owned()
+}
+
+/// Where the handshake runs.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HandshakeConfig {
+    /// `inline` signs on the reactor thread that accepted the connection; `pool` hands the
+    /// step that signs to a dedicated thread pool so a slow signature never stalls
+    /// established connections.
+    #[serde(default)]
+    pub offload: HandshakeOffload,
+    /// Threads in the handshake pool; 0 means one per CPU.
+    #[serde(default)]
+    pub pool_threads: usize,
+}
+
+/// See [`HandshakeConfig::offload`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum HandshakeOffload {
+    /// Sign on the reactor.
+    #[default]
+    Inline,
+    /// Sign on the handshake pool.
+    Pool,
+}
+
+/// Limits and timeouts.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Limits {
+    /// See [`DEFAULT_MAX_CONNECTIONS`].
+    pub max_connections: usize,
+    /// See [`DEFAULT_HANDSHAKE_TIMEOUT`].
+    #[serde(with = "humantime_serde")]
+    pub handshake_timeout: Duration,
+    /// See [`DEFAULT_HEADER_READ_TIMEOUT`].
+    #[serde(with = "humantime_serde")]
+    pub header_read_timeout: Duration,
+    /// See [`DEFAULT_IDLE_TIMEOUT`].
+    #[serde(with = "humantime_serde")]
+    pub idle_timeout: Duration,
+    /// See [`DEFAULT_MAX_HEADER_BYTES`].
+    pub max_header_bytes: usize,
+    /// See [`DEFAULT_MAX_REQUEST_BODY_BYTES`].
+    pub max_request_body_bytes: u64,
+    /// See [`DEFAULT_UPSTREAM_CONNECT_TIMEOUT`].
+    #[serde(with = "humantime_serde")]
+    pub upstream_connect_timeout: Duration,
+    /// See [`DEFAULT_UPSTREAM_RESPONSE_TIMEOUT`].
+    #[serde(with = "humantime_serde")]
+    pub upstream_response_timeout: Duration,
+    /// See [`DEFAULT_H2_MAX_CONCURRENT_STREAMS`].
+    pub h2_max_concurrent_streams: u32,
+    /// See [`DEFAULT_SHUTDOWN_GRACE`].
+    #[serde(with = "humantime_serde")]
+    pub shutdown_grace: Duration,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            max_connections: DEFAULT_MAX_CONNECTIONS,
+            handshake_timeout: DEFAULT_HANDSHAKE_TIMEOUT,
+            header_read_timeout: DEFAULT_HEADER_READ_TIMEOUT,
+            idle_timeout: DEFAULT_IDLE_TIMEOUT,
+            max_header_bytes: DEFAULT_MAX_HEADER_BYTES,
+            max_request_body_bytes: DEFAULT_MAX_REQUEST_BODY_BYTES,
+            upstream_connect_timeout: DEFAULT_UPSTREAM_CONNECT_TIMEOUT,
+            upstream_response_timeout: DEFAULT_UPSTREAM_RESPONSE_TIMEOUT,
+            h2_max_concurrent_streams: DEFAULT_H2_MAX_CONCURRENT_STREAMS,
+            shutdown_grace: DEFAULT_SHUTDOWN_GRACE,
+        }
+    }
+}
+
+/// The admin listener.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AdminConfig {
+    /// Bind address; see [`DEFAULT_ADMIN_LISTEN`].
+    #[serde(default = "default_admin_listen")]
+    pub listen: String,
+}
+
+impl Default for AdminConfig {
+    fn default() -> Self {
+        Self {
+            listen: default_admin_listen(),
+        }
+    }
+}
+
+fn default_admin_listen() -> String {
+    DEFAULT_ADMIN_LISTEN.to_owned()
+}
+
+/// What a listener does with the decrypted stream.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum ListenerMode {
+    /// HTTP/1.1 and HTTP/2 served by hyper; requests forwarded over pooled upstream
+    /// connections.
+    #[default]
+    Http,
+    /// Decrypt and splice bytes to the upstream: protocol-agnostic, lowest overhead.
+    Tcp,
+}
+
+/// How requests travel to the upstream in `http` mode.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum UpstreamProtocol {
+    /// gRPC (content-type application/grpc*) over h2c, everything else over HTTP/1.1.
+    #[default]
+    Auto,
+    /// Every request over HTTP/1.1.
+    Http1,
+    /// Every request over HTTP/2 cleartext with prior knowledge.
+    H2c,
+}
+
+/// TLS protocol versions.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub enum TlsVersion {
+    /// TLS 1.2.
+    #[serde(rename = "1.2")]
+    Tls12,
+    /// TLS 1.3.
+    #[serde(rename = "1.3")]
+    Tls13,
+}
+
+impl std::str::FromStr for TlsVersion {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.trim_start_matches("TLS").trim_start_matches("tls").trim() {
+            "1.2" => Ok(Self::Tls12),
+            "1.3" => Ok(Self::Tls13),
+            other => Err(format!(
+                "unknown TLS version {other:?}; expected 1.2 or 1.3"
+            )),
+        }
+    }
+}
+
+/// Per-listener TLS policy.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TlsPolicy {
+    /// Lowest protocol version accepted.
+    #[serde(default = "default_min_version")]
+    pub min_version: TlsVersion,
+    /// Highest protocol version accepted.
+    #[serde(default = "default_max_version")]
+    pub max_version: TlsVersion,
+    /// Key-exchange groups, in preference order, identical for every provider.
+    /// X25519 by default: aws-lc-rs and OpenSSL >= 3.5 otherwise prefer X25519MLKEM768,
+    /// which would skew any comparison between providers.
+    #[serde(default = "default_kx_groups")]
+    pub kx_groups: Vec<KxGroupName>,
+    /// Session resumption (tickets and a stateful cache). Off: every connection is a full
+    /// handshake, the worst case the benchmark is about.
+    #[serde(default = "default_true")]
+    pub resumption: bool,
+    /// When set, clients must present a certificate chaining to this CA (mTLS).
+    #[serde(default)]
+    pub client_ca: Option<PathBuf>,
+    /// ALPN protocols offered; by default h2 and http/1.1 in `http` mode, none in `tcp`.
+    #[serde(default)]
+    pub alpn: Option<Vec<String>>,
+}
+
+impl Default for TlsPolicy {
+    fn default() -> Self {
+        Self {
+            min_version: default_min_version(),
+            max_version: default_max_version(),
+            kx_groups: default_kx_groups(),
+            resumption: true,
+            client_ca: None,
+            alpn: None,
+        }
+    }
+}
+
+fn default_min_version() -> TlsVersion {
+    TlsVersion::Tls12
+}
+fn default_max_version() -> TlsVersion {
+    TlsVersion::Tls13
+}
+fn default_kx_groups() -> Vec<KxGroupName> {
+    vec![KxGroupName::X25519]
+}
+fn default_true() -> bool {
+    true
+}
+
+/// One client-facing listener.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ListenerConfig {
+    /// Name used in logs and metric labels; defaults to `listener<N>`.
+    #[serde(default)]
+    pub name: Option<String>,
+    /// Bind address, e.g. `0.0.0.0:6334` or `[::]:6333`.
+    pub listen: String,
+    /// Certificate chain (PEM, end-entity first).
+    pub cert: PathBuf,
+    /// Private key (PEM: PKCS#8, PKCS#1 or SEC1).
+    pub key: PathBuf,
+    /// Upstream URL: `http://127.0.0.1:6333` (or `tcp://host:port` in tcp mode).
+    pub upstream: String,
+    /// `http` (default) or `tcp`.
+    #[serde(default)]
+    pub mode: ListenerMode,
+    /// Upstream protocol in http mode.
+    #[serde(default)]
+    pub upstream_protocol: UpstreamProtocol,
+    /// Overrides the top-level provider for this listener.
+    #[serde(default)]
+    pub provider: Option<ProviderName>,
+    /// TLS policy.
+    #[serde(default)]
+    pub tls: TlsPolicy,
+}
+
+impl ListenerConfig {
+    /// The listener's name for logs and metrics.
+    pub fn display_name(&self, index: usize) -> String {
+        self.name
+            .clone()
+            .unwrap_or_else(|| format!("listener{index}"))
+    }
+}
+
+/// A configuration that failed validation: every problem, one per line.
+#[derive(Debug, thiserror::Error)]
+#[error("{}", problems.join("\n"))]
+pub struct ConfigError {
+    /// Each problem names the file or flag and the field.
+    pub problems: Vec<String>,
+}
+
+impl ConfigError {
+    fn one(problem: String) -> Self {
+        Self {
+            problems: vec![problem],
+        }
+    }
+}
+
+impl Config {
+    /// Reads and parses a TOML file (not yet validated).
+    pub fn from_file(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|e| {
+            ConfigError::one(format!("cannot read config file {}: {e}", path.display()))
+        })?;
+        toml::from_str(&text).map_err(|e| {
+            ConfigError::one(format!(
+                "config file {} is not valid: {}",
+                path.display(),
+                e.to_string().trim_end()
+            ))
+        })
+    }
+
+    /// An empty configuration: every default, no listeners.
+    pub fn empty() -> Self {
+        toml::from_str("").expect("the empty document is a valid config: every field has a default")
+    }
+
+    /// Checks everything that can be checked without binding sockets or loading keys:
+    /// addresses parse, URLs are usable, files exist, ranges make sense.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let mut problems = Vec::new();
+        if self.listeners.is_empty() {
+            problems.push(
+                "no listener configured: give --listen, --upstream, --cert and --key, or a [[listener]] table in the config file".to_owned(),
+            );
+        }
+        if self.admin.listen.parse::<SocketAddr>().is_err() {
+            problems.push(format!(
+                "admin.listen: {:?} is not an IP:port address",
+                self.admin.listen
+            ));
+        }
+        let l = &self.limits;
+        if l.max_connections == 0 {
+            problems.push("limits.max_connections must be at least 1".to_owned());
+        }
+        if l.max_header_bytes < 8192 {
+            problems.push(format!(
+                "limits.max_header_bytes = {} is below hyper's minimum buffer of 8192",
+                l.max_header_bytes
+            ));
+        }
+        if l.h2_max_concurrent_streams == 0 {
+            problems.push("limits.h2_max_concurrent_streams must be at least 1".to_owned());
+        }
+        for (name, d) in [
+            ("limits.handshake_timeout", l.handshake_timeout),
+            ("limits.header_read_timeout", l.header_read_timeout),
+            ("limits.idle_timeout", l.idle_timeout),
+            (
+                "limits.upstream_connect_timeout",
+                l.upstream_connect_timeout,
+            ),
+            (
+                "limits.upstream_response_timeout",
+                l.upstream_response_timeout,
+            ),
+        ] {
+            if d.is_zero() {
+                problems.push(format!("{name} must be greater than zero"));
+            }
+        }
+        let mut names = std::collections::HashSet::new();
+        for (i, lc) in self.listeners.iter().enumerate() {
+            let field = |f: &str| format!("listener[{i}].{f}");
+            let name = lc.display_name(i);
+            if !names.insert(name.clone()) {
+                problems.push(format!(
+                    "{}: duplicate listener name {name:?}",
+                    field("name")
+                ));
+            }
+            if lc.listen.parse::<SocketAddr>().is_err() {
+                problems.push(format!(
+                    "{}: {:?} is not an IP:port address",
+                    field("listen"),
+                    lc.listen
+                ));
+            }
+            if let Err(e) = crate::upstream::UpstreamAddr::parse(&lc.upstream, lc.mode) {
+                problems.push(format!("{}: {e}", field("upstream")));
+            }
+            for (f, path) in [("cert", &lc.cert), ("key", &lc.key)] {
+                if !path.is_file() {
+                    problems.push(format!("{}: file not found: {}", field(f), path.display()));
+                }
+            }
+            if let Some(ca) = &lc.tls.client_ca {
+                if !ca.is_file() {
+                    problems.push(format!(
+                        "{}: file not found: {}",
+                        field("tls.client_ca"),
+                        ca.display()
+                    ));
+                }
+            }
+            if lc.tls.min_version > lc.tls.max_version {
+                problems.push(format!(
+                    "{}: min_version is above max_version",
+                    field("tls")
+                ));
+            }
+            if lc.tls.kx_groups.is_empty() {
+                problems.push(format!(
+                    "{}: at least one group is needed",
+                    field("tls.kx_groups")
+                ));
+            }
+            if lc.mode == ListenerMode::Tcp && lc.upstream_protocol != UpstreamProtocol::Auto {
+                problems.push(format!(
+                    "{}: only meaningful in http mode (this listener is tcp)",
+                    field("upstream_protocol")
+                ));
+            }
+        }
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            Err(ConfigError { problems })
+        }
+    }
+
+    /// The resolved configuration as TOML, for `check-config`.
+    pub fn to_toml(&self) -> String {
+        toml::to_string_pretty(self).unwrap_or_else(|e| format!("# cannot render: {e}"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn empty_document_has_every_default() {
+        let c = Config::empty();
+        assert_eq!(c.provider, DEFAULT_PROVIDER);
+        assert_eq!(
+            c.limits.max_request_body_bytes,
+            DEFAULT_MAX_REQUEST_BODY_BYTES
+        );
+        assert_eq!(c.admin.listen, DEFAULT_ADMIN_LISTEN);
+    }
+
+    #[test]
+    fn full_listener_parses_and_every_problem_is_reported() {
+        let text = r#"
+            provider = "ring"
+            [limits]
+            handshake_timeout = "2s"
+            max_connections = 0
+            [[listener]]
+            name = "grpc"
+            listen = "127.0.0.1:6334"
+            cert = "/nonexistent/a.crt"
+            key = "/nonexistent/a.key"
+            upstream = "http://127.0.0.1:16334"
+            upstream_protocol = "h2c"
+            [listener.tls]
+            min_version = "1.3"
+            kx_groups = ["x25519", "secp256r1"]
+            resumption = false
+        "#;
+        let c: Config = toml::from_str(text).unwrap();
+        assert_eq!(c.limits.handshake_timeout, Duration::from_secs(2));
+        assert_eq!(c.listeners[0].tls.kx_groups.len(), 2);
+        let err = c.validate().unwrap_err();
+        let all = err.to_string();
+        assert!(all.contains("limits.max_connections"), "{all}");
+        assert!(all.contains("listener[0].cert: file not found"), "{all}");
+        assert!(all.contains("listener[0].key: file not found"), "{all}");
+    }
+
+    #[test]
+    fn unknown_fields_and_values_are_rejected() {
+        assert!(toml::from_str::<Config>("provder = \"ring\"").is_err());
+        let err = toml::from_str::<Config>("provider = \"boringssl\"").unwrap_err();
+        assert!(err.to_string().contains("boringssl"), "{err}");
+    }
+}

@@ -1,0 +1,246 @@
+//! Test and benchmark certificates: one CA, and a server certificate per algorithm the
+//! reference study compares, plus a client certificate for mTLS.
+//!
+//! Keys are generated with aws-lc-rs through rcgen (ring cannot generate RSA keys). The
+//! files are ordinary PEM, so every provider, nginx and HAProxy can load the same ones.
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+
+use rcgen::{
+    BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
+    KeyUsagePurpose, RsaKeySize,
+};
+use serde::{Deserialize, Serialize};
+
+use super::CryptoError;
+
+/// The server-certificate algorithms of the reference study.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub enum CertAlgorithmName {
+    /// RSA 2048-bit, signed with SHA-256.
+    Rsa2048,
+    /// RSA 4096-bit, signed with SHA-256.
+    Rsa4096,
+    /// ECDSA P-256 with SHA-256.
+    EcdsaP256,
+    /// ECDSA P-384 with SHA-384.
+    EcdsaP384,
+}
+
+impl CertAlgorithmName {
+    /// All four, in report order.
+    pub const ALL: [Self; 4] = [
+        Self::Rsa2048,
+        Self::Rsa4096,
+        Self::EcdsaP256,
+        Self::EcdsaP384,
+    ];
+
+    /// File stem and label: rsa2048, rsa4096, ecdsa-p256, ecdsa-p384.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Rsa2048 => "rsa2048",
+            Self::Rsa4096 => "rsa4096",
+            Self::EcdsaP256 => "ecdsa-p256",
+            Self::EcdsaP384 => "ecdsa-p384",
+        }
+    }
+
+    fn generate_key(self) -> Result<KeyPair, rcgen::Error> {
+        match self {
+            Self::Rsa2048 => KeyPair::generate_rsa_for(&rcgen::PKCS_RSA_SHA256, RsaKeySize::_2048),
+            Self::Rsa4096 => KeyPair::generate_rsa_for(&rcgen::PKCS_RSA_SHA256, RsaKeySize::_4096),
+            Self::EcdsaP256 => KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256),
+            Self::EcdsaP384 => KeyPair::generate_for(&rcgen::PKCS_ECDSA_P384_SHA384),
+        }
+    }
+}
+
+impl fmt::Display for CertAlgorithmName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for CertAlgorithmName {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.to_ascii_lowercase().replace('_', "-").as_str() {
+            "rsa2048" | "rsa-2048" => Ok(Self::Rsa2048),
+            "rsa4096" | "rsa-4096" => Ok(Self::Rsa4096),
+            "ecdsa-p256" | "p256" | "ecdsap256" => Ok(Self::EcdsaP256),
+            "ecdsa-p384" | "p384" | "ecdsap384" => Ok(Self::EcdsaP384),
+            _ => Err(format!(
+                "unknown certificate algorithm {s:?}; expected one of: rsa2048, rsa4096, ecdsa-p256, ecdsa-p384"
+            )),
+        }
+    }
+}
+
+impl TryFrom<String> for CertAlgorithmName {
+    type Error = String;
+    fn try_from(s: String) -> Result<Self, Self::Error> {
+        s.parse()
+    }
+}
+
+impl From<CertAlgorithmName> for String {
+    fn from(a: CertAlgorithmName) -> String {
+        a.as_str().to_owned()
+    }
+}
+
+/// What [`generate_cert_set`] wrote.
+#[derive(Debug)]
+pub struct GeneratedSet {
+    /// The CA certificate clients trust.
+    pub ca_cert: PathBuf,
+    /// `(algorithm, cert, key)` for each server certificate.
+    pub servers: Vec<(CertAlgorithmName, PathBuf, PathBuf)>,
+    /// Client certificate and key for mTLS, signed by the same CA.
+    pub client: (PathBuf, PathBuf),
+}
+
+/// SANs every generated server certificate carries, so loopback tests and a local
+/// benchmark verify the server name without extra flags.
+const DEFAULT_SANS: [&str; 3] = ["localhost", "127.0.0.1", "::1"];
+
+/// Writes `ca.crt`/`ca.key`, `<alg>.crt`/`<alg>.key` for each algorithm and
+/// `client.crt`/`client.key` into `out`, all signed by one fresh CA.
+pub fn generate_cert_set(
+    out: &Path,
+    algorithms: &[CertAlgorithmName],
+    extra_sans: &[String],
+) -> Result<GeneratedSet, CryptoError> {
+    let gen_err = |e: rcgen::Error| CryptoError::Generate(e.to_string());
+    std::fs::create_dir_all(out).map_err(|source| CryptoError::Write {
+        path: out.to_owned(),
+        source,
+    })?;
+
+    let ca_key = KeyPair::generate_for(&rcgen::PKCS_ECDSA_P384_SHA384).map_err(gen_err)?;
+    let mut ca_params = CertificateParams::new(Vec::<String>::new()).map_err(gen_err)?;
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca_params
+        .distinguished_name
+        .push(DnType::CommonName, "tls-proxy benchmark CA");
+    ca_params.key_usages = vec![
+        KeyUsagePurpose::KeyCertSign,
+        KeyUsagePurpose::CrlSign,
+        KeyUsagePurpose::DigitalSignature,
+    ];
+    let ca_cert = ca_params.self_signed(&ca_key).map_err(gen_err)?;
+    let ca_cert_path = out.join("ca.crt");
+    write_file(&ca_cert_path, ca_cert.pem().as_bytes(), false)?;
+    write_file(&out.join("ca.key"), ca_key.serialize_pem().as_bytes(), true)?;
+    let issuer = Issuer::new(ca_params, ca_key);
+
+    let mut sans: Vec<String> = DEFAULT_SANS.iter().map(|s| (*s).to_owned()).collect();
+    sans.extend(extra_sans.iter().cloned());
+
+    let mut servers = Vec::with_capacity(algorithms.len());
+    for &alg in algorithms {
+        let key = alg.generate_key().map_err(gen_err)?;
+        let mut params = CertificateParams::new(sans.clone()).map_err(gen_err)?;
+        params
+            .distinguished_name
+            .push(DnType::CommonName, format!("tls-proxy {alg}"));
+        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+        params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+        let cert = params.signed_by(&key, &issuer).map_err(gen_err)?;
+        let cert_path = out.join(format!("{alg}.crt"));
+        let key_path = out.join(format!("{alg}.key"));
+        write_file(&cert_path, cert.pem().as_bytes(), false)?;
+        write_file(&key_path, key.serialize_pem().as_bytes(), true)?;
+        servers.push((alg, cert_path, key_path));
+    }
+
+    let client_key = KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).map_err(gen_err)?;
+    let mut client_params = CertificateParams::new(Vec::<String>::new()).map_err(gen_err)?;
+    client_params
+        .distinguished_name
+        .push(DnType::CommonName, "tls-proxy benchmark client");
+    client_params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+    let client_cert = client_params
+        .signed_by(&client_key, &issuer)
+        .map_err(gen_err)?;
+    let client = (out.join("client.crt"), out.join("client.key"));
+    write_file(&client.0, client_cert.pem().as_bytes(), false)?;
+    write_file(&client.1, client_key.serialize_pem().as_bytes(), true)?;
+
+    Ok(GeneratedSet {
+        ca_cert: ca_cert_path,
+        servers,
+        client,
+    })
+}
+
+fn write_file(path: &Path, contents: &[u8], private: bool) -> Result<(), CryptoError> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut opts = std::fs::OpenOptions::new();
+    opts.write(true).create(true).truncate(true);
+    if private {
+        // Private keys are readable by their owner only, as ssh and nginx expect.
+        opts.mode(0o600);
+    }
+    let mut f = opts.open(path).map_err(|source| CryptoError::Write {
+        path: path.to_owned(),
+        source,
+    })?;
+    f.write_all(contents).map_err(|source| CryptoError::Write {
+        path: path.to_owned(),
+        source,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::crypto::{load_certified_key, Provider, ProviderName};
+
+    #[test]
+    fn generated_set_loads_with_every_software_provider() {
+        let dir = tempdir();
+        let set = generate_cert_set(
+            &dir,
+            &[CertAlgorithmName::EcdsaP256, CertAlgorithmName::Rsa2048],
+            &["qdrant.internal".to_owned()],
+        )
+        .unwrap();
+        for p in [
+            ProviderName::Ring,
+            ProviderName::AwsLcRs,
+            ProviderName::Openssl,
+        ] {
+            let provider = Provider::new(p, &[]).unwrap();
+            for (alg, cert, key) in &set.servers {
+                let loaded = load_certified_key(&provider, cert, key).unwrap();
+                assert_eq!(loaded.algorithm.label(), alg.as_str(), "{p}");
+            }
+        }
+        // A key from another pair is rejected, naming both files.
+        let provider = Provider::new(ProviderName::AwsLcRs, &[]).unwrap();
+        let err = load_certified_key(&provider, &set.servers[0].1, &set.client.1).unwrap_err();
+        let msg = err.to_string();
+        assert!(msg.contains("does not match"), "{msg}");
+        assert!(msg.contains("client.key"), "{msg}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    fn tempdir() -> PathBuf {
+        let d = std::env::temp_dir().join(format!(
+            "certgen-test-{}-{}",
+            std::process::id(),
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_nanos()
+        ));
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    }
+}

@@ -1,0 +1,271 @@
+//! The provider registry: one enum of names, one function from name to `CryptoProvider`.
+//!
+//! Every `ServerConfig` and `ClientConfig` in this workspace is built from a [`Provider`]
+//! explicitly; with both the ring and aws-lc-rs rustls features compiled in there is no
+//! process-wide default provider, and relying on one would make a comparison between
+//! providers silently wrong.
+
+use std::fmt;
+use std::str::FromStr;
+use std::sync::Arc;
+
+use rustls::crypto::{CryptoProvider, SupportedKxGroup};
+use rustls::server::ProducesTickets;
+use rustls::NamedGroup;
+use serde::{Deserialize, Serialize};
+
+use super::{openssl_ticketer, CryptoError};
+
+/// The crypto providers the proxy and the load generator can use.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub enum ProviderName {
+    /// ring, via rustls' built-in provider.
+    Ring,
+    /// AWS-LC, via rustls' built-in aws-lc-rs provider.
+    AwsLcRs,
+    /// The system OpenSSL 3.x (or the vendored 3.5), via rustls-openssl.
+    Openssl,
+    /// OpenSSL with the Intel QuickAssist provider performing the asymmetric operations.
+    OpensslQat,
+}
+
+impl ProviderName {
+    /// Every provider, in the order reports list them.
+    pub const ALL: [ProviderName; 4] = [Self::Ring, Self::AwsLcRs, Self::Openssl, Self::OpensslQat];
+
+    /// The name used on the command line, in config files and as a metric label.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Ring => "ring",
+            Self::AwsLcRs => "aws-lc-rs",
+            Self::Openssl => "openssl",
+            Self::OpensslQat => "openssl-qat",
+        }
+    }
+}
+
+impl fmt::Display for ProviderName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for ProviderName {
+    type Err = CryptoError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.to_ascii_lowercase().as_str() {
+            "ring" => Ok(Self::Ring),
+            "aws-lc-rs" | "aws-lc" | "awslc" | "aws_lc_rs" => Ok(Self::AwsLcRs),
+            "openssl" => Ok(Self::Openssl),
+            "openssl-qat" | "qat" => Ok(Self::OpensslQat),
+            _ => Err(CryptoError::UnknownProvider { name: s.to_owned() }),
+        }
+    }
+}
+
+impl TryFrom<String> for ProviderName {
+    type Error = CryptoError;
+    fn try_from(s: String) -> Result<Self, Self::Error> {
+        s.parse()
+    }
+}
+
+impl From<ProviderName> for String {
+    fn from(p: ProviderName) -> String {
+        p.as_str().to_owned()
+    }
+}
+
+/// Key-exchange groups we let operators pin.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub enum KxGroupName {
+    /// X25519 (RFC 7748).
+    X25519,
+    /// NIST P-256.
+    Secp256r1,
+    /// NIST P-384.
+    Secp384r1,
+    /// The hybrid post-quantum group X25519 + ML-KEM-768.
+    X25519Mlkem768,
+}
+
+impl KxGroupName {
+    /// Name as used in config, flags and reports.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::X25519 => "x25519",
+            Self::Secp256r1 => "secp256r1",
+            Self::Secp384r1 => "secp384r1",
+            Self::X25519Mlkem768 => "x25519mlkem768",
+        }
+    }
+
+    fn named_group(self) -> NamedGroup {
+        match self {
+            Self::X25519 => NamedGroup::X25519,
+            Self::Secp256r1 => NamedGroup::secp256r1,
+            Self::Secp384r1 => NamedGroup::secp384r1,
+            Self::X25519Mlkem768 => NamedGroup::X25519MLKEM768,
+        }
+    }
+}
+
+impl fmt::Display for KxGroupName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for KxGroupName {
+    type Err = CryptoError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.to_ascii_lowercase().replace(['-', '_'], "").as_str() {
+            "x25519" => Ok(Self::X25519),
+            "secp256r1" | "p256" | "prime256v1" => Ok(Self::Secp256r1),
+            "secp384r1" | "p384" => Ok(Self::Secp384r1),
+            "x25519mlkem768" => Ok(Self::X25519Mlkem768),
+            _ => Err(CryptoError::UnknownKxGroup { name: s.to_owned() }),
+        }
+    }
+}
+
+impl TryFrom<String> for KxGroupName {
+    type Error = CryptoError;
+    fn try_from(s: String) -> Result<Self, Self::Error> {
+        s.parse()
+    }
+}
+
+impl From<KxGroupName> for String {
+    fn from(g: KxGroupName) -> String {
+        g.as_str().to_owned()
+    }
+}
+
+/// A ready-to-use provider: the rustls `CryptoProvider` with its key-exchange groups pinned,
+/// plus what the proxy needs to know about it.
+#[derive(Clone, Debug)]
+pub struct Provider {
+    name: ProviderName,
+    crypto: Arc<CryptoProvider>,
+}
+
+impl Provider {
+    /// Builds the named provider with exactly `kx_groups`, in that order of preference.
+    ///
+    /// Pinning the groups matters for comparisons: aws-lc-rs and OpenSSL >= 3.5 otherwise
+    /// negotiate X25519MLKEM768 while ring and OpenSSL 3.0 negotiate X25519, and the
+    /// difference would be measured as a provider difference.
+    pub fn new(name: ProviderName, kx_groups: &[KxGroupName]) -> Result<Self, CryptoError> {
+        let (mut crypto, all_groups): (CryptoProvider, Vec<&'static dyn SupportedKxGroup>) =
+            match name {
+                ProviderName::Ring => (
+                    rustls::crypto::ring::default_provider(),
+                    rustls::crypto::ring::ALL_KX_GROUPS.to_vec(),
+                ),
+                ProviderName::AwsLcRs => (
+                    rustls::crypto::aws_lc_rs::default_provider(),
+                    rustls::crypto::aws_lc_rs::ALL_KX_GROUPS.to_vec(),
+                ),
+                ProviderName::Openssl => (
+                    rustls_openssl::default_provider(),
+                    rustls_openssl::kx_group::available_groups(),
+                ),
+                ProviderName::OpensslQat => {
+                    return Err(CryptoError::ProviderUnavailable {
+                        name: name.as_str(),
+                        reason: "QAT offload is not built into this version of the proxy \
+                                 (the OpenSSL provider-loading path comes with the openssl-qat work); \
+                                 use --provider openssl for software OpenSSL"
+                            .to_owned(),
+                    })
+                }
+            };
+        if !kx_groups.is_empty() {
+            let mut pinned = Vec::with_capacity(kx_groups.len());
+            for wanted in kx_groups {
+                let group = all_groups
+                    .iter()
+                    .find(|g| g.name() == wanted.named_group())
+                    .ok_or(CryptoError::KxGroupUnsupported {
+                        provider: name.as_str(),
+                        group: wanted.as_str(),
+                    })?;
+                pinned.push(*group);
+            }
+            crypto.kx_groups = pinned;
+        }
+        Ok(Self {
+            name,
+            crypto: Arc::new(crypto),
+        })
+    }
+
+    /// The provider's name.
+    pub fn name(&self) -> ProviderName {
+        self.name
+    }
+
+    /// The rustls provider, to build configs with.
+    pub fn crypto(&self) -> &Arc<CryptoProvider> {
+        &self.crypto
+    }
+
+    /// A session-ticket producer that uses this provider's own symmetric crypto, rotated
+    /// every few hours so that ticket keys are erased in time.
+    pub fn ticketer(&self) -> Result<Arc<dyn ProducesTickets>, CryptoError> {
+        Ok(match self.name {
+            ProviderName::Ring => rustls::crypto::ring::Ticketer::new()?,
+            ProviderName::AwsLcRs => rustls::crypto::aws_lc_rs::Ticketer::new()?,
+            ProviderName::Openssl | ProviderName::OpensslQat => openssl_ticketer::new()?,
+        })
+    }
+
+    /// The underlying library and its version, for logs and reports.
+    pub fn library_version(&self) -> String {
+        match self.name {
+            ProviderName::Ring => "ring 0.17".to_owned(),
+            ProviderName::AwsLcRs => "aws-lc-rs 1 (AWS-LC)".to_owned(),
+            ProviderName::Openssl | ProviderName::OpensslQat => {
+                openssl::version::version().to_owned()
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_round_trip() {
+        for p in ProviderName::ALL {
+            assert_eq!(p.as_str().parse::<ProviderName>().unwrap(), p);
+        }
+        let err = "boringssl".parse::<ProviderName>().unwrap_err();
+        assert!(err.to_string().contains("boringssl"), "{err}");
+    }
+
+    #[test]
+    fn kx_groups_are_pinned_for_every_software_provider() {
+        for p in [
+            ProviderName::Ring,
+            ProviderName::AwsLcRs,
+            ProviderName::Openssl,
+        ] {
+            let prov = Provider::new(p, &[KxGroupName::X25519]).unwrap();
+            let names: Vec<_> = prov.crypto().kx_groups.iter().map(|g| g.name()).collect();
+            assert_eq!(names, vec![NamedGroup::X25519], "{p}");
+        }
+    }
+
+    #[test]
+    fn unsupported_group_is_a_clear_error() {
+        // ring has no ML-KEM.
+        let err = Provider::new(ProviderName::Ring, &[KxGroupName::X25519Mlkem768]).unwrap_err();
+        assert!(err.to_string().contains("x25519mlkem768"), "{err}");
+    }
+}

@@ -1,0 +1,117 @@
+//! Answers the proxy gives itself when the upstream cannot: Qdrant's JSON error shape for
+//! REST clients, a trailers-only gRPC status for gRPC clients.
+
+use bytes::Bytes;
+use http::{header, HeaderValue, Response, StatusCode};
+
+use super::body::ResponseBody;
+
+/// gRPC status codes we produce.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GrpcCode {
+    /// 4: the upstream did not answer in time.
+    DeadlineExceeded = 4,
+    /// 8: the request is larger than allowed.
+    ResourceExhausted = 8,
+    /// 13: the proxy failed.
+    Internal = 13,
+    /// 14: the upstream is down or refused.
+    Unavailable = 14,
+}
+
+/// Which side failed, which decides the status code.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Failure {
+    /// Upstream refused, reset, or spoke nonsense: 502 / UNAVAILABLE.
+    UpstreamUnavailable,
+    /// Upstream too slow: 504 / DEADLINE_EXCEEDED.
+    UpstreamTimeout,
+    /// Client sent a body over the limit: 413 / RESOURCE_EXHAUSTED.
+    RequestTooLarge,
+    /// The proxy could not build the upstream request: 500 / INTERNAL.
+    Internal,
+}
+
+impl Failure {
+    fn http_status(self) -> StatusCode {
+        match self {
+            Self::UpstreamUnavailable => StatusCode::BAD_GATEWAY,
+            Self::UpstreamTimeout => StatusCode::GATEWAY_TIMEOUT,
+            Self::RequestTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            Self::Internal => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    fn grpc_code(self) -> GrpcCode {
+        match self {
+            Self::UpstreamUnavailable => GrpcCode::Unavailable,
+            Self::UpstreamTimeout => GrpcCode::DeadlineExceeded,
+            Self::RequestTooLarge => GrpcCode::ResourceExhausted,
+            Self::Internal => GrpcCode::Internal,
+        }
+    }
+}
+
+/// Builds the error response for a REST or gRPC client.
+pub fn error_response(
+    failure: Failure,
+    grpc: bool,
+    message: &str,
+    elapsed_secs: f64,
+) -> Response<ResponseBody> {
+    if grpc {
+        // Trailers-only response: HTTP 200 with the status in the headers, as gRPC servers
+        // answer calls that fail before any message.
+        let mut resp = Response::new(ResponseBody::empty());
+        let h = resp.headers_mut();
+        h.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/grpc"),
+        );
+        h.insert("grpc-status", HeaderValue::from(failure.grpc_code() as u16));
+        if let Ok(v) = HeaderValue::from_str(&percent_encode(message)) {
+            h.insert("grpc-message", v);
+        }
+        return resp;
+    }
+    let body = serde_json::json!({
+        "status": { "error": message },
+        "time": elapsed_secs,
+    });
+    let mut resp = Response::new(ResponseBody::local(Bytes::from(body.to_string())));
+    *resp.status_mut() = failure.http_status();
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    resp
+}
+
+/// grpc-message is percent-encoded (gRPC over HTTP/2 spec): everything outside printable
+/// ASCII, and '%' itself.
+fn percent_encode(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        if (0x20..=0x7e).contains(&b) && b != b'%' {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shapes() {
+        let r = error_response(Failure::UpstreamUnavailable, false, "upstream down", 0.0);
+        assert_eq!(r.status(), StatusCode::BAD_GATEWAY);
+        let r = error_response(Failure::UpstreamTimeout, true, "slow 100%", 0.0);
+        assert_eq!(r.status(), StatusCode::OK);
+        assert_eq!(r.headers()["grpc-status"], "4");
+        assert_eq!(r.headers()["grpc-message"], "slow 100%25");
+    }
+}

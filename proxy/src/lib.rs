@@ -1,0 +1,25 @@
+//! `proxy`: a TLS terminator for vector-database ingestion.
+//!
+//! It accepts TLS with rustls, using a crypto provider chosen at run time (ring, aws-lc-rs,
+//! OpenSSL, OpenSSL + QAT), and forwards plaintext to a local upstream such as Qdrant:
+//! HTTP/1.1 for REST, h2c for gRPC, or raw bytes in tcp mode. It exports Prometheus metrics
+//! on a loopback admin port.
+//!
+//! Module map: [`crypto`] (providers, keys, certificates), [`tls`] (server configs and the
+//! handshake path), [`http`] (L7 forwarding), [`tcp`] (L4 splice), [`admin`] (metrics and
+//! health), [`config`] (the typed configuration), [`server`] (listeners, limits, shutdown),
+//! [`cli`] (the command line).
+
+#![forbid(unsafe_code)]
+#![deny(missing_docs)]
+
+pub mod admin;
+pub mod cli;
+pub mod config;
+pub mod crypto;
+pub mod http;
+pub mod io;
+pub mod server;
+pub mod tcp;
+pub mod tls;
+pub mod upstream;

@@ -1,0 +1,5 @@
+//! The `proxy` binary: see `proxy --help`.
+
+fn main() -> std::process::ExitCode {
+    proxy::cli::main()
+}

@@ -1,0 +1,417 @@
+//! The running proxy: listeners bound, the connection limit, each connection's life from
+//! accept through handshake to HTTP or TCP forwarding, and graceful shutdown.
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use prometheus::IntGauge;
+use rustls::ServerConfig;
+use tokio::net::{TcpListener, TcpSocket, TcpStream};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::admin::{self, AdminState, ListenerMetrics, Metrics};
+use crate::config::{Config, Limits, ListenerMode};
+use crate::crypto::{load_certified_key, Provider};
+use crate::http::HttpForwarder;
+use crate::io::{Activity, CountingIo};
+use crate::tls::{self, HandshakePool, Offload};
+use crate::upstream::UpstreamAddr;
+
+/// Pending connections the kernel queues per listener. A new-connection-per-request
+/// benchmark opens connections in bursts; a short queue turns bursts into SYN retries
+/// (a one-second stall) instead of waiting connections.
+const LISTEN_BACKLOG: u32 = 4096;
+
+/// A start-up failure: one line that names the listener, file or flag.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct StartupError(pub String);
+
+/// What the connection task needs to know about its listener.
+struct ListenerCtx {
+    name: String,
+    tls: Arc<ServerConfig>,
+    offload: Offload,
+    limits: Limits,
+    metrics: ListenerMetrics,
+    mode: Mode,
+}
+
+enum Mode {
+    Http(Arc<HttpForwarder>),
+    Tcp(UpstreamAddr),
+}
+
+/// A bound, ready-to-serve proxy.
+pub struct Proxy {
+    listeners: Vec<(TcpListener, Arc<ListenerCtx>)>,
+    admin: TcpListener,
+    metrics: Metrics,
+    limits: Limits,
+    pool: Option<HandshakePool>,
+}
+
+impl Proxy {
+    /// Loads every provider, certificate and key, builds the TLS configurations and binds
+    /// every socket. Nothing is served yet; any failure is reported before a client sees it.
+    pub async fn bind(config: &Config) -> Result<Self, StartupError> {
+        config
+            .validate()
+            .map_err(|e| StartupError(e.problems.join("\n")))?;
+        let metrics = Metrics::new();
+        let (offload, pool) =
+            tls::offload_for(config.handshake.offload, config.handshake.pool_threads)
+                .map_err(|e| StartupError(format!("cannot start the handshake pool: {e}")))?;
+
+        let mut listeners = Vec::with_capacity(config.listeners.len());
+        for (i, lc) in config.listeners.iter().enumerate() {
+            let name = lc.display_name(i);
+            let at = |what: &str, e: &dyn std::fmt::Display| {
+                StartupError(format!("listener {name:?} (listener[{i}]): {what}{e}"))
+            };
+            let provider_name = lc.provider.unwrap_or(config.provider);
+            let provider =
+                Provider::new(provider_name, &lc.tls.kx_groups).map_err(|e| at("", &e))?;
+            let cert = load_certified_key(&provider, &lc.cert, &lc.key).map_err(|e| at("", &e))?;
+            let default_alpn: &[&[u8]] = match lc.mode {
+                ListenerMode::Http => &[b"h2", b"http/1.1"],
+                ListenerMode::Tcp => &[],
+            };
+            let tls_config = tls::server_config(&provider, &cert, &lc.tls, default_alpn)
+                .map_err(|e| at("", &e))?;
+            let upstream =
+                UpstreamAddr::parse(&lc.upstream, lc.mode).map_err(|e| at("upstream: ", &e))?;
+            let addr: SocketAddr = lc
+                .listen
+                .parse()
+                .map_err(|e| at(&format!("listen address {:?}: ", lc.listen), &e))?;
+            let socket = bind(addr).map_err(|e| at(&format!("cannot listen on {addr}: "), &e))?;
+            let mode_label = match lc.mode {
+                ListenerMode::Http => "http",
+                ListenerMode::Tcp => "tcp",
+            };
+            let lm = metrics.listener(
+                &name,
+                provider_name.as_str(),
+                cert.algorithm.label(),
+                mode_label,
+                offload.label(),
+            );
+            let mode = match lc.mode {
+                ListenerMode::Http => Mode::Http(Arc::new(HttpForwarder::new(
+                    upstream.clone(),
+                    lc.upstream_protocol,
+                    config.limits.clone(),
+                    lm.clone(),
+                ))),
+                ListenerMode::Tcp => Mode::Tcp(upstream.clone()),
+            };
+            tracing::info!(
+                listener = %name,
+                listen = %socket.local_addr().map_or(addr, |a| a),
+                upstream = %upstream,
+                mode = mode_label,
+                provider = provider_name.as_str(),
+                library = %provider.library_version(),
+                certificate = %cert.algorithm,
+                key_bits = cert.algorithm.key_bits(),
+                subject = %cert.subject,
+                tls = %format!("{:?}..={:?}", lc.tls.min_version, lc.tls.max_version),
+                kx_groups = %lc.tls.kx_groups.iter().map(|g| g.as_str()).collect::<Vec<_>>().join(","),
+                resumption = lc.tls.resumption,
+                mtls = lc.tls.client_ca.is_some(),
+                handshake = offload.label(),
+                "listener ready"
+            );
+            listeners.push((
+                socket,
+                Arc::new(ListenerCtx {
+                    name,
+                    tls: tls_config,
+                    offload: offload.clone(),
+                    limits: config.limits.clone(),
+                    metrics: lm,
+                    mode,
+                }),
+            ));
+        }
+        let admin_addr: SocketAddr =
+            config.admin.listen.parse().map_err(|e| {
+                StartupError(format!("admin.listen {:?}: {e}", config.admin.listen))
+            })?;
+        let admin = bind(admin_addr).map_err(|e| {
+            StartupError(format!(
+                "admin listener: cannot listen on {admin_addr}: {e}"
+            ))
+        })?;
+        Ok(Self {
+            listeners,
+            admin,
+            metrics,
+            limits: config.limits.clone(),
+            pool,
+        })
+    }
+
+    /// The bound addresses: `(listener name, address)`, then the admin address.
+    pub fn addresses(&self) -> (Vec<(String, SocketAddr)>, Option<SocketAddr>) {
+        let listeners = self
+            .listeners
+            .iter()
+            .filter_map(|(l, ctx)| Some((ctx.name.clone(), l.local_addr().ok()?)))
+            .collect();
+        (listeners, self.admin.local_addr().ok())
+    }
+
+    /// Serves until `shutdown` fires, then drains: stops accepting, marks not ready, lets
+    /// in-flight requests finish up to the grace period, and returns.
+    pub async fn serve(self, shutdown: CancellationToken) {
+        let ready = Arc::new(AtomicBool::new(false));
+        let admin_stop = CancellationToken::new();
+        tokio::spawn(admin::serve(
+            self.admin,
+            AdminState {
+                metrics: self.metrics.clone(),
+                ready: ready.clone(),
+            },
+            admin_stop.clone(),
+        ));
+        let limit = Arc::new(Semaphore::new(self.limits.max_connections));
+        let tracker = TaskTracker::new();
+        let mut accept_loops = Vec::with_capacity(self.listeners.len());
+        for (listener, ctx) in self.listeners {
+            accept_loops.push(tokio::spawn(accept_loop(
+                listener,
+                ctx,
+                limit.clone(),
+                tracker.clone(),
+                shutdown.clone(),
+            )));
+        }
+        ready.store(true, Ordering::Release);
+
+        shutdown.cancelled().await;
+        ready.store(false, Ordering::Release);
+        for l in accept_loops {
+            // The loops end on the same token; joining drops the listening sockets.
+            let _ = l.await;
+        }
+        tracker.close();
+        let open = tracker.len();
+        tracing::info!(
+            open_connections = open,
+            grace = ?self.limits.shutdown_grace,
+            "draining: no longer accepting"
+        );
+        if tokio::time::timeout(self.limits.shutdown_grace, tracker.wait())
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                open_connections = tracker.len(),
+                "grace period over; closing the remaining connections"
+            );
+        } else {
+            tracing::info!("drained");
+        }
+        admin_stop.cancel();
+        if let Some(pool) = self.pool {
+            pool.shutdown();
+        }
+    }
+}
+
+fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
+    let socket = if addr.is_ipv4() {
+        TcpSocket::new_v4()?
+    } else {
+        TcpSocket::new_v6()?
+    };
+    // Lets a restarted proxy bind while old connections sit in TIME_WAIT.
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(LISTEN_BACKLOG)
+}
+
+async fn accept_loop(
+    listener: TcpListener,
+    ctx: Arc<ListenerCtx>,
+    limit: Arc<Semaphore>,
+    tracker: TaskTracker,
+    shutdown: CancellationToken,
+) {
+    loop {
+        // Take a slot before accepting: at the limit, new connections wait in the kernel's
+        // queue instead of being accepted and starved.
+        let permit = tokio::select! {
+            p = limit.clone().acquire_owned() => match p {
+                Ok(p) => p,
+                Err(_) => return,
+            },
+            _ = shutdown.cancelled() => return,
+        };
+        let (stream, peer) = tokio::select! {
+            r = listener.accept() => match r {
+                Ok(s) => s,
+                Err(e) => {
+                    // EMFILE and friends: back off briefly rather than spin.
+                    tracing::warn!(listener = %ctx.name, error = %e, "accept failed");
+                    tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+                    continue;
+                }
+            },
+            _ = shutdown.cancelled() => return,
+        };
+        tracker.spawn(handle_connection(
+            ctx.clone(),
+            stream,
+            peer,
+            permit,
+            shutdown.clone(),
+        ));
+    }
+}
+
+/// Decrements the active-connections gauge however the connection task ends.
+struct ActiveGuard(IntGauge);
+
+impl Drop for ActiveGuard {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
+}
+
+async fn handle_connection(
+    ctx: Arc<ListenerCtx>,
+    stream: TcpStream,
+    peer: SocketAddr,
+    _permit: OwnedSemaphorePermit,
+    shutdown: CancellationToken,
+) {
+    let m = &ctx.metrics;
+    m.accepted.inc();
+    m.active.inc();
+    let _active = ActiveGuard(m.active.clone());
+    // Small responses (gRPC acks, JSON results) must not wait for Nagle.
+    let _ = stream.set_nodelay(true);
+    let activity = Activity::new();
+    let io = CountingIo::new(stream, m.received.clone(), m.sent.clone(), activity.clone());
+    let started = Instant::now();
+
+    let handshake = tokio::time::timeout(
+        ctx.limits.handshake_timeout,
+        tls::accept(io, ctx.tls.clone(), &ctx.offload),
+    )
+    .await;
+    let tls_stream = match handshake {
+        Ok(Ok(s)) => s,
+        Ok(Err(e)) => {
+            m.handshake_failed("error");
+            m.connection_error("handshake");
+            tracing::warn!(listener = %ctx.name, %peer, error = %e, "TLS handshake failed");
+            return;
+        }
+        Err(_) => {
+            m.handshake_failed("timeout");
+            m.connection_error("handshake_timeout");
+            tracing::warn!(
+                listener = %ctx.name,
+                %peer,
+                timeout = ?ctx.limits.handshake_timeout,
+                "TLS handshake timed out"
+            );
+            return;
+        }
+    };
+    let (version, resumed, h2) = tls::describe(&tls_stream);
+    m.handshake_ok(version, resumed, started.elapsed());
+
+    match &ctx.mode {
+        Mode::Http(forwarder) => {
+            if let Err(e) = forwarder
+                .serve(tls_stream, h2, peer, activity, shutdown)
+                .await
+            {
+                if !is_benign_close(&e) {
+                    m.connection_error("http");
+                    tracing::warn!(listener = %ctx.name, %peer, error = %e, "connection error");
+                }
+            }
+        }
+        Mode::Tcp(upstream) => {
+            match crate::tcp::splice(
+                tls_stream,
+                upstream,
+                ctx.limits.upstream_connect_timeout,
+                activity,
+                ctx.limits.idle_timeout,
+            )
+            .await
+            {
+                Ok(_) => {}
+                Err(e @ crate::tcp::SpliceError::Connect { .. }) => {
+                    m.upstream_error("connect");
+                    m.connection_error("upstream_connect");
+                    tracing::warn!(listener = %ctx.name, %peer, error = %e, "connection error");
+                }
+                Err(crate::tcp::SpliceError::Copy(e)) => {
+                    if !matches!(
+                        e.kind(),
+                        std::io::ErrorKind::ConnectionReset
+                            | std::io::ErrorKind::BrokenPipe
+                            | std::io::ErrorKind::UnexpectedEof
+                    ) {
+                        m.connection_error("io");
+                        tracing::warn!(listener = %ctx.name, %peer, error = %e, "connection error");
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// A client that goes away between requests is normal, not an error worth a log line.
+fn is_benign_close(e: &hyper::Error) -> bool {
+    if e.is_incomplete_message() || e.is_canceled() {
+        return false;
+    }
+    let mut source = std::error::Error::source(e);
+    while let Some(s) = source {
+        if let Some(io) = s.downcast_ref::<std::io::Error>() {
+            return matches!(
+                io.kind(),
+                std::io::ErrorKind::ConnectionReset
+                    | std::io::ErrorKind::BrokenPipe
+                    | std::io::ErrorKind::UnexpectedEof
+            );
+        }
+        source = s.source();
+    }
+    false
+}
+
+/// Writes the bound addresses as JSON to `path` (atomically), so scripts and the load
+/// generator can use port 0 and find out what was bound.
+pub fn write_ready_file(
+    path: &Path,
+    listeners: &[(String, SocketAddr)],
+    admin: Option<SocketAddr>,
+) -> std::io::Result<()> {
+    let listeners: serde_json::Map<String, serde_json::Value> = listeners
+        .iter()
+        .map(|(n, a)| (n.clone(), serde_json::Value::String(a.to_string())))
+        .collect();
+    let doc = serde_json::json!({
+        "pid": std::process::id(),
+        "admin": admin.map(|a| a.to_string()),
+        "listeners": listeners,
+    });
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, doc.to_string())?;
+    std::fs::rename(&tmp, path)
+}

@@ -1,0 +1,200 @@
+//! TLS: building each listener's `ServerConfig` from its policy and provider, and driving
+//! handshakes, either inline on the reactor or with the signing step on a dedicated pool.
+
+use std::io;
+use std::sync::Arc;
+
+use rustls::server::{NoServerSessionStorage, ServerSessionMemoryCache, WebPkiClientVerifier};
+use rustls::sign::SingleCertAndKey;
+use rustls::version::{TLS12, TLS13};
+use rustls::{ProtocolVersion, ServerConfig, SupportedProtocolVersion};
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio_rustls::server::TlsStream;
+use tokio_rustls::LazyConfigAcceptor;
+
+use crate::config::{HandshakeOffload, TlsPolicy, TlsVersion};
+use crate::crypto::{load_client_ca, CryptoError, LoadedCert, Provider};
+
+/// Stateful session cache size: enough for a busy benchmark's clients (TLS 1.2 session
+/// ids) at a few hundred bytes each.
+const SESSION_CACHE_SIZE: usize = 4096;
+
+/// Builds a listener's TLS configuration.
+///
+/// `default_alpn` is used when the policy does not list ALPN protocols itself.
+pub fn server_config(
+    provider: &Provider,
+    cert: &LoadedCert,
+    policy: &TlsPolicy,
+    default_alpn: &[&[u8]],
+) -> Result<Arc<ServerConfig>, CryptoError> {
+    let versions: Vec<&'static SupportedProtocolVersion> =
+        [(TlsVersion::Tls12, &TLS12), (TlsVersion::Tls13, &TLS13)]
+            .into_iter()
+            .filter(|(v, _)| (policy.min_version..=policy.max_version).contains(v))
+            .map(|(_, s)| s)
+            .collect();
+
+    let builder = ServerConfig::builder_with_provider(provider.crypto().clone())
+        .with_protocol_versions(&versions)?;
+    let builder = match &policy.client_ca {
+        Some(path) => {
+            let roots = load_client_ca(path)?;
+            let verifier = WebPkiClientVerifier::builder_with_provider(
+                Arc::new(roots),
+                provider.crypto().clone(),
+            )
+            .build()
+            .map_err(|e| CryptoError::BadPem {
+                what: "client CA",
+                path: path.clone(),
+                reason: e.to_string(),
+            })?;
+            builder.with_client_cert_verifier(verifier)
+        }
+        None => builder.with_no_client_auth(),
+    };
+    let mut config =
+        builder.with_cert_resolver(Arc::new(SingleCertAndKey::from(cert.certified.clone())));
+
+    if policy.resumption {
+        config.session_storage = ServerSessionMemoryCache::new(SESSION_CACHE_SIZE);
+        config.ticketer = provider.ticketer()?;
+    } else {
+        config.session_storage = Arc::new(NoServerSessionStorage {});
+        config.send_tls13_tickets = 0;
+    }
+    config.alpn_protocols = match &policy.alpn {
+        Some(list) => list.iter().map(|p| p.as_bytes().to_vec()).collect(),
+        None => default_alpn.iter().map(|p| p.to_vec()).collect(),
+    };
+    Ok(Arc::new(config))
+}
+
+/// Where the signing step of a handshake runs.
+#[derive(Clone, Debug)]
+pub enum Offload {
+    /// On the reactor thread that accepted the connection.
+    Inline,
+    /// On the dedicated handshake pool.
+    Pool(tokio::runtime::Handle),
+}
+
+impl Offload {
+    /// The config value this placement came from, for labels.
+    pub fn label(&self) -> &'static str {
+        match self {
+            Self::Inline => "inline",
+            Self::Pool(_) => "pool",
+        }
+    }
+}
+
+/// The dedicated handshake pool: a separate multi-threaded runtime whose workers only turn
+/// ClientHellos into the server's first flight (the step that signs).
+pub struct HandshakePool {
+    runtime: tokio::runtime::Runtime,
+}
+
+impl HandshakePool {
+    /// Starts `threads` workers (at least one).
+    pub fn start(threads: usize) -> io::Result<Self> {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(threads.max(1))
+            .thread_name("tls-handshake")
+            .enable_all()
+            .build()?;
+        Ok(Self { runtime })
+    }
+
+    /// A placement that uses this pool.
+    pub fn offload(&self) -> Offload {
+        Offload::Pool(self.runtime.handle().clone())
+    }
+
+    /// Stops the workers without waiting for queued handshakes.
+    pub fn shutdown(self) {
+        self.runtime.shutdown_background();
+    }
+}
+
+/// Picks the offload placement for the configuration, starting a pool when needed.
+pub fn offload_for(
+    mode: HandshakeOffload,
+    threads: usize,
+) -> io::Result<(Offload, Option<HandshakePool>)> {
+    match mode {
+        HandshakeOffload::Inline => Ok((Offload::Inline, None)),
+        HandshakeOffload::Pool => {
+            let threads = if threads == 0 {
+                std::thread::available_parallelism().map_or(1, |n| n.get())
+            } else {
+                threads
+            };
+            let pool = HandshakePool::start(threads)?;
+            Ok((pool.offload(), Some(pool)))
+        }
+    }
+}
+
+/// Why a handshake failed, as a bounded metric label plus the error for the log.
+#[derive(Debug, thiserror::Error)]
+#[error("{kind}: {source}")]
+pub struct HandshakeError {
+    /// `client_hello` (not TLS, or a ClientHello we cannot parse), `handshake` (TLS failed
+    /// after the ClientHello) or `offload` (the pool is gone).
+    pub kind: &'static str,
+    /// What happened.
+    pub source: io::Error,
+}
+
+/// Reads the ClientHello, builds the connection (where the server signs) according to
+/// `offload`, and completes the handshake.
+pub async fn accept<IO>(
+    io: IO,
+    config: Arc<ServerConfig>,
+    offload: &Offload,
+) -> Result<TlsStream<IO>, HandshakeError>
+where
+    IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let start = LazyConfigAcceptor::new(rustls::server::Acceptor::default(), io)
+        .await
+        .map_err(|source| HandshakeError {
+            kind: "client_hello",
+            source,
+        })?;
+    // `into_stream` processes the ClientHello and produces the server's first flight, which
+    // includes the signature (TLS 1.3 CertificateVerify, TLS 1.2 ServerKeyExchange): that
+    // call is what the pool takes off the reactor.
+    let accept = match offload {
+        Offload::Inline => start.into_stream(config),
+        // The pool returns the not-yet-finished handshake future on purpose: only building it
+        // signs; the remaining flights are I/O and go back to this connection's reactor.
+        #[allow(clippy::async_yields_async)]
+        Offload::Pool(pool) => pool
+            .spawn(async move { start.into_stream(config) })
+            .await
+            .map_err(|e| HandshakeError {
+                kind: "offload",
+                source: io::Error::other(e),
+            })?,
+    };
+    accept.await.map_err(|source| HandshakeError {
+        kind: "handshake",
+        source,
+    })
+}
+
+/// What a completed handshake negotiated, for metrics.
+pub fn describe<IO>(stream: &TlsStream<IO>) -> (&'static str, bool, bool) {
+    let (_, conn) = stream.get_ref();
+    let version = match conn.protocol_version() {
+        Some(ProtocolVersion::TLSv1_3) => "1.3",
+        Some(ProtocolVersion::TLSv1_2) => "1.2",
+        _ => "other",
+    };
+    let resumed = matches!(conn.handshake_kind(), Some(rustls::HandshakeKind::Resumed));
+    let h2 = conn.alpn_protocol() == Some(b"h2");
+    (version, resumed, h2)
+}

@@ -105,6 +105,9 @@ pub struct Overrides {
     /// Maximum open client connections.
     #[arg(long, value_name = "N")]
     max_connections: Option<usize>,
+    /// Largest request body accepted, in bytes (larger ones get 413).
+    #[arg(long, value_name = "BYTES")]
+    max_request_body: Option<u64>,
     /// TLS handshake timeout (e.g. 10s, 500ms).
     #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
     handshake_timeout: Option<Duration>,
@@ -193,6 +196,9 @@ pub fn resolve(config_file: Option<&PathBuf>, o: &Overrides) -> Result<Config, C
     }
     if let Some(n) = o.max_connections {
         cfg.limits.max_connections = n;
+    }
+    if let Some(n) = o.max_request_body {
+        cfg.limits.max_request_body_bytes = n;
     }
     if let Some(d) = o.handshake_timeout {
         cfg.limits.handshake_timeout = d;
@@ -314,6 +320,7 @@ fn init_logging(level: &str) {
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .with_target(false)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
 }
 

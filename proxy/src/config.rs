@@ -207,6 +207,15 @@ pub enum TlsVersion {
     Tls13,
 }
 
+impl std::fmt::Display for TlsVersion {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Tls12 => "1.2",
+            Self::Tls13 => "1.3",
+        })
+    }
+}
+
 impl std::str::FromStr for TlsVersion {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, Self::Err> {

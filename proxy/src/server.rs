@@ -121,7 +121,7 @@ impl Proxy {
                 certificate = %cert.algorithm,
                 key_bits = cert.algorithm.key_bits(),
                 subject = %cert.subject,
-                tls = %format!("{:?}..={:?}", lc.tls.min_version, lc.tls.max_version),
+                tls = %format!("{}-{}", lc.tls.min_version, lc.tls.max_version),
                 kx_groups = %lc.tls.kx_groups.iter().map(|g| g.as_str()).collect::<Vec<_>>().join(","),
                 resumption = lc.tls.resumption,
                 mtls = lc.tls.client_ca.is_some(),

@@ -5,6 +5,8 @@
 
 use std::time::Duration;
 
+use super::process::ProcessMetrics;
+
 use prometheus::{
     Encoder, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
     Registry, TextEncoder,
@@ -35,6 +37,7 @@ pub struct Metrics {
     received_bytes: IntCounterVec,
     sent_bytes: IntCounterVec,
     listener_info: IntGaugeVec,
+    process: ProcessMetrics,
 }
 
 impl Metrics {
@@ -142,10 +145,10 @@ impl Metrics {
             Box::new(received_bytes.clone()),
             Box::new(sent_bytes.clone()),
             Box::new(listener_info.clone()),
-            Box::new(prometheus::process_collector::ProcessCollector::for_self()),
         ] {
             registry.register(c).expect("metric names are unique");
         }
+        let process = ProcessMetrics::register(&registry);
         Self {
             registry,
             handshakes,
@@ -159,6 +162,7 @@ impl Metrics {
             received_bytes,
             sent_bytes,
             listener_info,
+            process,
         }
     }
 
@@ -192,6 +196,7 @@ impl Metrics {
 
     /// The text exposition of every metric.
     pub fn render(&self) -> Vec<u8> {
+        self.process.refresh();
         let mut out = Vec::with_capacity(16 * 1024);
         // Encoding into a Vec cannot fail for well-formed metrics.
         let _ = TextEncoder::new().encode(&self.registry.gather(), &mut out);
@@ -306,7 +311,14 @@ mod tests {
             ),
             "{text}"
         );
-        assert!(text.contains("process_cpu_seconds_total"), "{text}");
+        let cpu: f64 = text
+            .lines()
+            .find_map(|l| l.strip_prefix("process_cpu_seconds_total "))
+            .expect("cpu metric present")
+            .parse()
+            .unwrap();
+        // A test process has used some CPU; the value must not be truncated to whole seconds.
+        assert!(cpu > 0.0 && cpu.fract() != 0.0, "{cpu}");
         assert!(text.contains("process_resident_memory_bytes"), "{text}");
     }
 }

@@ -2,6 +2,7 @@
 //! not draining), `/metrics` (Prometheus text format). Bound to loopback by default.
 
 mod metrics;
+mod process;
 
 pub use metrics::{ListenerMetrics, Metrics};
 

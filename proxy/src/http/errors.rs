@@ -28,6 +28,8 @@ pub enum Failure {
     UpstreamTimeout,
     /// Client sent a body over the limit: 413 / RESOURCE_EXHAUSTED.
     RequestTooLarge,
+    /// Client sent a request head over the limit: 431 / RESOURCE_EXHAUSTED.
+    HeadersTooLarge,
     /// The proxy could not build the upstream request: 500 / INTERNAL.
     Internal,
 }
@@ -38,6 +40,7 @@ impl Failure {
             Self::UpstreamUnavailable => StatusCode::BAD_GATEWAY,
             Self::UpstreamTimeout => StatusCode::GATEWAY_TIMEOUT,
             Self::RequestTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            Self::HeadersTooLarge => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
             Self::Internal => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -46,7 +49,7 @@ impl Failure {
         match self {
             Self::UpstreamUnavailable => GrpcCode::Unavailable,
             Self::UpstreamTimeout => GrpcCode::DeadlineExceeded,
-            Self::RequestTooLarge => GrpcCode::ResourceExhausted,
+            Self::RequestTooLarge | Self::HeadersTooLarge => GrpcCode::ResourceExhausted,
             Self::Internal => GrpcCode::Internal,
         }
     }

@@ -156,6 +156,22 @@ impl HttpForwarder {
         let fail = |failure: Failure, msg: &str| {
             error_response(failure, grpc, msg, started.elapsed().as_secs_f64())
         };
+        // hyper bounds its read buffer, but a head that arrives in one read can exceed it;
+        // this check makes the configured limit exact for HTTP/1.1 and HTTP/2 alike.
+        let head_bytes: usize = req
+            .headers()
+            .iter()
+            .map(|(k, v)| k.as_str().len() + v.len() + 4)
+            .sum();
+        if head_bytes > self.limits.max_header_bytes {
+            return fail(
+                Failure::HeadersTooLarge,
+                &format!(
+                    "request headers larger than the proxy's limit of {} bytes",
+                    self.limits.max_header_bytes
+                ),
+            );
+        }
         let max_body = self.limits.max_request_body_bytes;
         if content_length(req.headers()).is_some_and(|len| len > max_body) {
             return fail(

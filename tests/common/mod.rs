@@ -1,0 +1,634 @@
+//! Shared helpers for the end-to-end tests: the real `proxy` binary started on loopback,
+//! real upstream servers (an HTTP/1.1 + h2c echo server and a tonic gRPC server), and a TLS
+//! client built on the same provider registry as the proxy.
+//!
+//! Every wait here is bounded, and every process is killed when its handle drops.
+
+#![allow(dead_code)]
+
+use std::convert::Infallible;
+use std::io::Read;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::{Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use proxy::crypto::{
+    generate_cert_set, CertAlgorithmName, GeneratedSet, KxGroupName, Provider, ProviderName,
+};
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use rustls::ClientConfig;
+use sha2::{Digest, Sha256};
+use tokio::net::TcpStream;
+use tokio_rustls::client::TlsStream;
+use tokio_rustls::TlsConnector;
+
+/// How long any single wait in these tests may take before it is a failure.
+pub const WAIT: Duration = Duration::from_secs(30);
+
+/// A fresh, unique temporary directory.
+pub fn temp_dir(tag: &str) -> PathBuf {
+    static SEQ: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let n = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let dir = std::env::temp_dir().join(format!("proxy-e2e-{tag}-{}-{n}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("create temp dir");
+    dir
+}
+
+/// One certificate set per test binary (RSA-4096 generation takes a moment).
+pub fn certs() -> &'static GeneratedSet {
+    static SET: OnceLock<GeneratedSet> = OnceLock::new();
+    SET.get_or_init(|| {
+        generate_cert_set(&temp_dir("certs"), &CertAlgorithmName::ALL, &[])
+            .expect("generate certificates")
+    })
+}
+
+/// The cert and key paths for `alg`.
+pub fn server_cert(alg: CertAlgorithmName) -> (PathBuf, PathBuf) {
+    let (_, c, k) = certs()
+        .servers
+        .iter()
+        .find(|(a, _, _)| *a == alg)
+        .expect("algorithm generated");
+    (c.clone(), k.clone())
+}
+
+/// The path of a workspace binary, built by `cargo test --workspace` (its package has
+/// integration tests, so cargo builds the binary before any test runs).
+pub fn binary(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().expect("current exe");
+    // target/<profile>/deps/<test>-<hash> -> target/<profile>/<name>
+    let dir = exe.parent().and_then(Path::parent).expect("target dir");
+    let path = dir.join(name);
+    assert!(
+        path.is_file(),
+        "{} not found: run the tests with `cargo test --workspace` so the binary is built",
+        path.display()
+    );
+    path
+}
+
+/// A running `proxy run` process.
+pub struct ProxyProcess {
+    child: Child,
+    /// First listener's address.
+    pub addr: SocketAddr,
+    /// Admin address.
+    pub admin: SocketAddr,
+    /// Where its stderr goes.
+    pub log: PathBuf,
+    dir: PathBuf,
+}
+
+impl ProxyProcess {
+    /// Starts `proxy run` with a listener on 127.0.0.1:0 and an admin port on 127.0.0.1:0,
+    /// plus `extra` flags, and waits until it is listening.
+    pub fn start(
+        upstream: &str,
+        provider: ProviderName,
+        alg: CertAlgorithmName,
+        extra: &[&str],
+    ) -> Self {
+        let (cert, key) = server_cert(alg);
+        let mut args: Vec<String> = vec![
+            "--listen".into(),
+            "127.0.0.1:0".into(),
+            "--upstream".into(),
+            upstream.into(),
+            "--provider".into(),
+            provider.as_str().into(),
+            "--cert".into(),
+            cert.display().to_string(),
+            "--key".into(),
+            key.display().to_string(),
+        ];
+        args.extend(extra.iter().map(|s| (*s).to_owned()));
+        Self::start_raw(&args)
+    }
+
+    /// Starts `proxy run ARGS --admin 127.0.0.1:0 --ready-file ...` and waits for it.
+    pub fn start_raw(args: &[String]) -> Self {
+        let dir = temp_dir("proxy");
+        let ready = dir.join("ready.json");
+        let log = dir.join("proxy.log");
+        let mut cmd = Command::new(binary("proxy"));
+        cmd.arg("run")
+            .args(args)
+            .arg("--ready-file")
+            .arg(&ready)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).expect("log file"))
+            .env("RUST_LOG", "info");
+        if !args.iter().any(|a| a == "--admin") {
+            cmd.args(["--admin", "127.0.0.1:0"]);
+        }
+        let mut child = cmd.spawn().expect("spawn proxy");
+        let deadline = Instant::now() + WAIT;
+        loop {
+            if let Ok(text) = std::fs::read_to_string(&ready) {
+                let v: serde_json::Value = serde_json::from_str(&text).expect("ready file is JSON");
+                let addr = v["listeners"]
+                    .as_object()
+                    .and_then(|m| m.values().next())
+                    .and_then(|a| a.as_str())
+                    .expect("a listener address")
+                    .parse()
+                    .expect("socket address");
+                let admin = v["admin"]
+                    .as_str()
+                    .expect("admin address")
+                    .parse()
+                    .expect("admin addr");
+                return Self {
+                    child,
+                    addr,
+                    admin,
+                    log,
+                    dir,
+                };
+            }
+            if let Ok(Some(status)) = child.try_wait() {
+                panic!(
+                    "proxy exited during start-up ({status}):\n{}",
+                    std::fs::read_to_string(&log).unwrap_or_default()
+                );
+            }
+            assert!(
+                Instant::now() < deadline,
+                "proxy did not become ready in {WAIT:?}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// The listener's URL authority, for request URIs.
+    pub fn url(&self, path: &str) -> String {
+        format!("https://localhost:{}{path}", self.addr.port())
+    }
+
+    /// Scrapes /metrics.
+    pub fn metrics(&self) -> String {
+        let (status, body) = plain_get(self.admin, "/metrics");
+        assert_eq!(status, 200, "metrics: {body}");
+        body
+    }
+
+    /// Scrapes /metrics until `name{labels}` equals `want` (bounded by [`WAIT`]): for values
+    /// that settle asynchronously, such as a connection the client just closed.
+    pub fn wait_metric(&self, name: &str, labels: &[(&str, &str)], want: f64) {
+        let deadline = Instant::now() + WAIT;
+        loop {
+            let m = self.metrics();
+            if metric_value(&m, name, labels) == Some(want) {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{name}{labels:?} never reached {want}:\n{m}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Sends SIGTERM.
+    pub fn terminate(&self) {
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(self.child.id() as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        )
+        .expect("send SIGTERM");
+    }
+
+    /// Waits (bounded) for the process to exit.
+    pub fn wait_exit(&mut self, limit: Duration) -> ExitStatus {
+        let deadline = Instant::now() + limit;
+        loop {
+            if let Some(status) = self.child.try_wait().expect("try_wait") {
+                return status;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "proxy did not exit within {limit:?}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Everything the proxy logged so far.
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for ProxyProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Runs the proxy binary to completion with `args` (bounded), returning its exit status
+/// and stderr.
+pub fn run_proxy_to_exit(args: &[&str]) -> (ExitStatus, String) {
+    let mut child = Command::new(binary("proxy"))
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn proxy");
+    let deadline = Instant::now() + WAIT;
+    loop {
+        if let Some(status) = child.try_wait().expect("try_wait") {
+            let mut err = String::new();
+            child
+                .stderr
+                .take()
+                .expect("stderr")
+                .read_to_string(&mut err)
+                .ok();
+            let mut out = String::new();
+            child
+                .stdout
+                .take()
+                .expect("stdout")
+                .read_to_string(&mut out)
+                .ok();
+            return (status, format!("{out}{err}"));
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("proxy {args:?} did not exit within {WAIT:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// The value of the first sample of `name` whose labels contain every `labels` pair.
+pub fn metric_value(text: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter(|l| l.starts_with(name) && l[name.len()..].starts_with(['{', ' ']))
+        .find(|l| {
+            labels
+                .iter()
+                .all(|(k, v)| l.contains(&format!("{k}=\"{v}\"")))
+        })
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
+
+/// A plain HTTP/1.1 GET (for the admin port), bounded in time.
+pub fn plain_get(addr: SocketAddr, path: &str) -> (u16, String) {
+    use std::io::Write;
+    let mut s = std::net::TcpStream::connect_timeout(&addr, WAIT).expect("connect admin");
+    s.set_read_timeout(Some(WAIT)).ok();
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: admin\r\nConnection: close\r\n\r\n"
+    )
+    .expect("write");
+    let mut out = String::new();
+    s.read_to_string(&mut out).expect("read");
+    let status = out
+        .split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let body = out
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_owned())
+        .unwrap_or_default();
+    (status, body)
+}
+
+// ---------------------------------------------------------------------------------------
+// Upstreams
+
+/// Runs `serve(listener)` on its own thread and runtime until the returned guard drops, so
+/// upstreams work from sync and async tests alike.
+fn spawn_server<F, Fut>(serve: F) -> (SocketAddr, ServerGuard)
+where
+    F: FnOnce(tokio::net::TcpListener) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = ()> + 'static,
+{
+    let std_listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind upstream");
+    std_listener.set_nonblocking(true).expect("nonblocking");
+    let addr = std_listener.local_addr().expect("addr");
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        let local = tokio::task::LocalSet::new();
+        local.block_on(&rt, async move {
+            let listener = tokio::net::TcpListener::from_std(std_listener).expect("tokio listener");
+            tokio::select! {
+                _ = serve(listener) => {}
+                _ = stop_rx => {}
+            }
+        });
+    });
+    (addr, ServerGuard(Some(stop_tx)))
+}
+
+/// Stops a server started by `spawn_server` when dropped.
+pub struct ServerGuard(Option<tokio::sync::oneshot::Sender<()>>);
+
+impl Drop for ServerGuard {
+    fn drop(&mut self) {
+        if let Some(tx) = self.0.take() {
+            let _ = tx.send(());
+        }
+    }
+}
+
+/// A real HTTP server (HTTP/1.1 and h2c, chosen per connection by hyper) that echoes what
+/// it received. Paths:
+/// - `/slow/<ms>`: answers after that many milliseconds;
+/// - `/status/<code>`: answers with that status;
+/// - anything else: 200 with a JSON summary of the request (method, path, selected
+///   headers, body length and SHA-256).
+pub struct EchoUpstream {
+    pub addr: SocketAddr,
+    _guard: ServerGuard,
+}
+
+impl EchoUpstream {
+    pub fn start() -> Self {
+        let (addr, guard) = spawn_server(|listener| async move {
+            loop {
+                let Ok((stream, _)) = listener.accept().await else {
+                    continue;
+                };
+                tokio::task::spawn_local(async move {
+                    let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
+                        .serve_connection(TokioIo::new(stream), service_fn(echo))
+                        .await;
+                });
+            }
+        });
+        Self {
+            addr,
+            _guard: guard,
+        }
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+}
+
+async fn echo(req: Request<Incoming>) -> Result<Response<Full<Bytes>>, Infallible> {
+    let path = req.uri().path().to_owned();
+    if let Some(ms) = path.strip_prefix("/slow/") {
+        let ms: u64 = ms.parse().unwrap_or(1000);
+        tokio::time::sleep(Duration::from_millis(ms)).await;
+    }
+    if let Some(code) = path.strip_prefix("/status/") {
+        let mut r = Response::new(Full::new(Bytes::from_static(b"as requested")));
+        *r.status_mut() = StatusCode::from_u16(code.parse().unwrap_or(500))
+            .unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        return Ok(r);
+    }
+    let header = |n: &str| {
+        req.headers()
+            .get(n)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned)
+    };
+    let summary_headers = serde_json::json!({
+        "host": header("host"),
+        "x-forwarded-for": header("x-forwarded-for"),
+        "x-forwarded-proto": header("x-forwarded-proto"),
+        "connection": header("connection"),
+        "x-test": header("x-test"),
+    });
+    let method = req.method().to_string();
+    let version = format!("{:?}", req.version());
+    let body = req
+        .into_body()
+        .collect()
+        .await
+        .map(|b| b.to_bytes())
+        .unwrap_or_default();
+    let summary = serde_json::json!({
+        "method": method,
+        "path": path,
+        "version": version,
+        "headers": summary_headers,
+        "body_len": body.len(),
+        "body_sha256": sha256_hex(&body),
+    });
+    Ok(Response::builder()
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from(summary.to_string())))
+        .expect("response"))
+}
+
+pub fn sha256_hex(data: &[u8]) -> String {
+    Sha256::digest(data)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// A tonic gRPC server (grpc.health.v1: unary Check, server-streaming Watch) on h2c.
+pub struct GrpcUpstream {
+    pub addr: SocketAddr,
+    _guard: ServerGuard,
+}
+
+/// The service name the gRPC upstream reports as SERVING.
+pub const GRPC_SERVICE: &str = "vectors.Ingest";
+
+impl GrpcUpstream {
+    pub fn start() -> Self {
+        let (addr, guard) = spawn_server(|listener| async move {
+            let (reporter, service) = tonic_health::server::health_reporter();
+            reporter
+                .set_service_status(GRPC_SERVICE, tonic_health::ServingStatus::Serving)
+                .await;
+            // Keep the reporter alive: dropping it ends Watch streams.
+            let _keep = reporter;
+            let _ = tonic::transport::Server::builder()
+                .add_service(service)
+                .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener))
+                .await;
+        });
+        Self {
+            addr,
+            _guard: guard,
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// TLS client
+
+/// Options for a test client.
+#[derive(Clone, Debug)]
+pub struct ClientOpts {
+    pub provider: ProviderName,
+    pub tls13: bool,
+    pub tls12: bool,
+    pub alpn: Vec<Vec<u8>>,
+    pub resumption: bool,
+    pub client_cert: bool,
+}
+
+impl Default for ClientOpts {
+    fn default() -> Self {
+        Self {
+            provider: ProviderName::AwsLcRs,
+            tls13: true,
+            tls12: true,
+            alpn: vec![b"http/1.1".to_vec()],
+            resumption: false,
+            client_cert: false,
+        }
+    }
+}
+
+/// A rustls client config that trusts the generated CA.
+pub fn client_config(opts: &ClientOpts) -> Arc<ClientConfig> {
+    let provider = Provider::new(opts.provider, &[KxGroupName::X25519]).expect("client provider");
+    let mut versions = Vec::new();
+    if opts.tls13 {
+        versions.push(&rustls::version::TLS13);
+    }
+    if opts.tls12 {
+        versions.push(&rustls::version::TLS12);
+    }
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in CertificateDer::pem_file_iter(&certs().ca_cert).expect("ca file") {
+        roots.add(cert.expect("ca cert")).expect("add ca");
+    }
+    let builder = ClientConfig::builder_with_provider(provider.crypto().clone())
+        .with_protocol_versions(&versions)
+        .expect("versions")
+        .with_root_certificates(roots);
+    let mut config = if opts.client_cert {
+        let (cert, key) = &certs().client;
+        let chain = CertificateDer::pem_file_iter(cert)
+            .expect("client cert")
+            .collect::<Result<Vec<_>, _>>()
+            .expect("client cert pem");
+        let key = PrivateKeyDer::from_pem_file(key).expect("client key");
+        builder
+            .with_client_auth_cert(chain, key)
+            .expect("client auth")
+    } else {
+        builder.with_no_client_auth()
+    };
+    config.alpn_protocols = opts.alpn.clone();
+    if !opts.resumption {
+        config.resumption = rustls::client::Resumption::disabled();
+    }
+    Arc::new(config)
+}
+
+/// Opens a TLS connection to `addr`, verifying the name "localhost".
+pub async fn tls_connect(
+    addr: SocketAddr,
+    config: Arc<ClientConfig>,
+) -> std::io::Result<TlsStream<TcpStream>> {
+    let tcp = TcpStream::connect(addr).await?;
+    tcp.set_nodelay(true)?;
+    TlsConnector::from(config)
+        .connect(ServerName::try_from("localhost").expect("server name"), tcp)
+        .await
+}
+
+/// A response as the test sees it.
+#[derive(Debug)]
+pub struct Answer {
+    pub status: StatusCode,
+    pub headers: http::HeaderMap,
+    pub body: Bytes,
+    pub tls_version: Option<rustls::ProtocolVersion>,
+    pub resumed: bool,
+}
+
+impl Answer {
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_slice(&self.body)
+            .unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(&self.body)))
+    }
+}
+
+/// One request on a new TLS connection: HTTP/2 when the connection negotiated h2,
+/// HTTP/1.1 otherwise.
+pub async fn request(
+    addr: SocketAddr,
+    config: Arc<ClientConfig>,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: Bytes,
+) -> Result<Answer, Box<dyn std::error::Error + Send + Sync>> {
+    let tls = tls_connect(addr, config).await?;
+    let (_, conn) = tls.get_ref();
+    let tls_version = conn.protocol_version();
+    let resumed = matches!(conn.handshake_kind(), Some(rustls::HandshakeKind::Resumed));
+    let h2 = conn.alpn_protocol() == Some(b"h2");
+    let mut builder = Request::builder()
+        .method(method)
+        .uri(format!("https://localhost:{}{path}", addr.port()));
+    if !h2 {
+        builder = builder.header("host", format!("localhost:{}", addr.port()));
+    }
+    for (k, v) in headers {
+        builder = builder.header(*k, *v);
+    }
+    let req = builder.body(Full::new(body))?;
+    let io = TokioIo::new(tls);
+    let resp = if h2 {
+        let (mut sender, conn) =
+            hyper::client::conn::http2::handshake(TokioExecutor::new(), io).await?;
+        tokio::spawn(conn);
+        sender.send_request(req).await?
+    } else {
+        let (mut sender, conn) = hyper::client::conn::http1::handshake(io).await?;
+        tokio::spawn(conn);
+        sender.send_request(req).await?
+    };
+    let (parts, body) = resp.into_parts();
+    let body = body.collect().await?.to_bytes();
+    Ok(Answer {
+        status: parts.status,
+        headers: parts.headers,
+        body,
+        tls_version,
+        resumed,
+    })
+}
+
+/// `request` with a time bound.
+pub async fn request_bounded(
+    addr: SocketAddr,
+    config: Arc<ClientConfig>,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: Bytes,
+) -> Result<Answer, String> {
+    match tokio::time::timeout(WAIT, request(addr, config, method, path, headers, body)).await {
+        Ok(Ok(a)) => Ok(a),
+        Ok(Err(e)) => Err(e.to_string()),
+        Err(_) => Err(format!("no answer within {WAIT:?}")),
+    }
+}

@@ -1,0 +1,184 @@
+//! Bad input while a parallel good client keeps succeeding: garbage instead of a
+//! ClientHello, a truncated handshake, a client that stalls (the handshake timeout fires),
+//! an oversized header, a slow upstream (504); and an upstream that is down (502).
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use e2e::*;
+use proxy::crypto::{CertAlgorithmName, ProviderName};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+/// Reads until EOF or error, bounded; returns how long the server took to close.
+async fn wait_closed(mut s: TcpStream) -> Duration {
+    let start = Instant::now();
+    let mut buf = [0u8; 4096];
+    loop {
+        match tokio::time::timeout(WAIT, s.read(&mut buf)).await {
+            Ok(Ok(0)) | Ok(Err(_)) => return start.elapsed(),
+            Ok(Ok(_)) => continue,
+            Err(_) => panic!("server did not close the connection within {WAIT:?}"),
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_clients_and_slow_upstream_do_not_disturb_a_good_client() {
+    let upstream = EchoUpstream::start();
+    let proxy = ProxyProcess::start(
+        &upstream.url(),
+        ProviderName::AwsLcRs,
+        CertAlgorithmName::Rsa2048,
+        &["--handshake-timeout", "1s", "--upstream-timeout", "1s"],
+    );
+    let addr = proxy.addr;
+
+    // The good client: a new connection per request until told to stop (bounded).
+    let stop = Arc::new(AtomicBool::new(false));
+    let ok = Arc::new(AtomicU64::new(0));
+    let failed = Arc::new(AtomicU64::new(0));
+    let good = {
+        let (stop, ok, failed) = (stop.clone(), ok.clone(), failed.clone());
+        tokio::spawn(async move {
+            let cfg = client_config(&ClientOpts::default());
+            for _ in 0..5_000 {
+                if stop.load(Ordering::Relaxed) {
+                    break;
+                }
+                match request_bounded(addr, cfg.clone(), "GET", "/good", &[], Bytes::new()).await {
+                    Ok(a) if a.status == 200 => ok.fetch_add(1, Ordering::Relaxed),
+                    _ => failed.fetch_add(1, Ordering::Relaxed),
+                };
+            }
+        })
+    };
+
+    // 1. Garbage instead of a ClientHello: plaintext HTTP to the TLS port.
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    s.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    wait_closed(s).await;
+
+    // 2. A truncated handshake: half a real ClientHello, then the client goes away.
+    let cfg = client_config(&ClientOpts::default());
+    let mut conn = rustls::ClientConnection::new(cfg, "localhost".try_into().unwrap()).unwrap();
+    let mut hello = Vec::new();
+    conn.write_tls(&mut hello).unwrap();
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    s.write_all(&hello[..hello.len() / 2]).await.unwrap();
+    drop(s);
+
+    // 3. A client that connects and stalls: closed by the handshake timeout (1 s).
+    let s = TcpStream::connect(addr).await.unwrap();
+    let took = wait_closed(s).await;
+    assert!(
+        took >= Duration::from_millis(900),
+        "closed after {took:?}, before the timeout"
+    );
+
+    // 4. An oversized request head: 431.
+    let huge = "v".repeat(100 * 1024);
+    let a = request_bounded(
+        addr,
+        client_config(&ClientOpts::default()),
+        "GET",
+        "/",
+        &[("x-huge", &huge)],
+        Bytes::new(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(a.status, 431);
+
+    // 5. A slow upstream: 504 with Qdrant's error shape.
+    let a = request_bounded(
+        addr,
+        client_config(&ClientOpts::default()),
+        "GET",
+        "/slow/3000",
+        &[],
+        Bytes::new(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(a.status, 504);
+    let j = a.json();
+    assert!(
+        j["status"]["error"]
+            .as_str()
+            .unwrap()
+            .contains("did not answer"),
+        "{j}"
+    );
+    assert!(j["time"].is_number(), "{j}");
+
+    stop.store(true, Ordering::Relaxed);
+    good.await.unwrap();
+    let (ok, failed) = (ok.load(Ordering::Relaxed), failed.load(Ordering::Relaxed));
+    assert!(ok > 0, "the good client made no request");
+    assert_eq!(
+        failed, 0,
+        "good client failures while bad clients were served ({ok} ok)"
+    );
+
+    let m = proxy.metrics();
+    let errors =
+        metric_value(&m, "proxy_tls_handshakes_total", &[("outcome", "error")]).unwrap_or(0.0);
+    assert!(
+        errors >= 2.0,
+        "garbage and truncated handshakes are counted:\n{m}"
+    );
+    assert_eq!(
+        metric_value(&m, "proxy_tls_handshakes_total", &[("outcome", "timeout")]),
+        Some(1.0),
+        "{m}"
+    );
+    assert_eq!(
+        metric_value(&m, "proxy_upstream_errors_total", &[("kind", "timeout")]),
+        Some(1.0),
+        "{m}"
+    );
+    proxy.wait_metric("proxy_active_connections", &[], 0.0);
+    let log = proxy.log_text();
+    assert!(log.contains("TLS handshake failed"), "{log}");
+    assert!(log.contains("TLS handshake timed out"), "{log}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upstream_down_is_502_in_qdrant_error_shape() {
+    let closed_port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let proxy = ProxyProcess::start(
+        &format!("http://127.0.0.1:{closed_port}"),
+        ProviderName::Openssl,
+        CertAlgorithmName::EcdsaP256,
+        &[],
+    );
+    for alpn in [b"http/1.1".to_vec(), b"h2".to_vec()] {
+        let cfg = client_config(&ClientOpts {
+            alpn: vec![alpn],
+            ..ClientOpts::default()
+        });
+        let a = request_bounded(
+            proxy.addr,
+            cfg,
+            "PUT",
+            "/collections/c/points",
+            &[],
+            Bytes::from_static(b"{}"),
+        )
+        .await
+        .unwrap();
+        assert_eq!(a.status, 502);
+        assert_eq!(a.headers["content-type"], "application/json");
+        let j = a.json();
+        let msg = j["status"]["error"].as_str().unwrap();
+        assert!(msg.contains(&format!("127.0.0.1:{closed_port}")), "{msg}");
+    }
+}

@@ -1,0 +1,155 @@
+//! Start-up errors name what to fix and exit non-zero; SIGTERM drains in-flight requests
+//! and exits 0.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use e2e::*;
+use proxy::crypto::{CertAlgorithmName, ProviderName};
+
+fn run_args(cert: &str, key: &str, extra: &[&str]) -> Vec<String> {
+    let mut v: Vec<String> = [
+        "run",
+        "--listen",
+        "127.0.0.1:0",
+        "--admin",
+        "127.0.0.1:0",
+        "--upstream",
+        "http://127.0.0.1:1",
+        "--cert",
+        cert,
+        "--key",
+        key,
+    ]
+    .iter()
+    .map(|s| (*s).to_owned())
+    .collect();
+    v.extend(extra.iter().map(|s| (*s).to_owned()));
+    v
+}
+
+fn expect_failure(args: &[String], code: i32, needles: &[&str]) {
+    let argv: Vec<&str> = args.iter().map(String::as_str).collect();
+    let (status, out) = run_proxy_to_exit(&argv);
+    assert_eq!(status.code(), Some(code), "{args:?}\n{out}");
+    for n in needles {
+        assert!(out.contains(n), "expected {n:?} in:\n{out}");
+    }
+}
+
+#[test]
+fn startup_errors_name_the_problem() {
+    let (cert, key) = server_cert(CertAlgorithmName::Rsa2048);
+    let (_, other_key) = server_cert(CertAlgorithmName::EcdsaP256);
+    let (cert, key, other_key) = (
+        cert.display().to_string(),
+        key.display().to_string(),
+        other_key.display().to_string(),
+    );
+
+    // Missing key file.
+    expect_failure(
+        &run_args(&cert, "/nonexistent/server.key", &[]),
+        2,
+        &["listener[0].key", "/nonexistent/server.key"],
+    );
+    // A key that does not belong to the certificate, for every software provider.
+    for p in ["ring", "aws-lc-rs", "openssl"] {
+        expect_failure(
+            &run_args(&cert, &other_key, &["--provider", p]),
+            1,
+            &["does not match", "ecdsa-p256.key", "rsa2048.crt"],
+        );
+    }
+    // Unknown provider.
+    expect_failure(
+        &run_args(&cert, &key, &["--provider", "boringssl"]),
+        2,
+        &["boringssl"],
+    );
+    // The QAT provider asked for where it cannot work: a clear refusal, never a silent fallback.
+    expect_failure(
+        &run_args(&cert, &key, &["--provider", "openssl-qat"]),
+        1,
+        &["openssl-qat is not available"],
+    );
+    // Port in use.
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = taken.local_addr().unwrap().to_string();
+    let mut args = run_args(&cert, &key, &[]);
+    args[2] = port.clone();
+    expect_failure(&args, 1, &[&format!("cannot listen on {port}"), "in use"]);
+    // Bad TOML.
+    let dir = temp_dir("badtoml");
+    let file = dir.join("proxy.toml");
+    std::fs::write(&file, "[[listener]\nlisten = \"127.0.0.1:0\"\n").unwrap();
+    let f = file.display().to_string();
+    expect_failure(
+        &["run".to_owned(), "--config".to_owned(), f.clone()],
+        2,
+        &[&f, "not valid"],
+    );
+    // check-config lists every problem of a bad but well-formed file.
+    std::fs::write(
+        &file,
+        format!(
+            "[limits]\nmax_connections = 0\n[[listener]]\nlisten = \"nowhere\"\ncert = \"{cert}\"\nkey = \"/nonexistent.key\"\nupstream = \"https://x:1\"\n"
+        ),
+    )
+    .unwrap();
+    expect_failure(
+        &["check-config".to_owned(), f.clone()],
+        2,
+        &[
+            "limits.max_connections",
+            "listener[0].listen",
+            "listener[0].key: file not found",
+            "listener[0].upstream",
+        ],
+    );
+    // ...and prints the resolved configuration of a good one.
+    std::fs::write(
+        &file,
+        format!("provider = \"ring\"\n[[listener]]\nlisten = \"127.0.0.1:0\"\ncert = \"{cert}\"\nkey = \"{key}\"\nupstream = \"http://127.0.0.1:6333\"\n"),
+    )
+    .unwrap();
+    let (status, out) = run_proxy_to_exit(&["check-config", &f]);
+    assert!(status.success(), "{out}");
+    assert!(out.contains("provider = \"ring\""), "{out}");
+    assert!(out.contains("max_request_body_bytes = 33554432"), "{out}");
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_drains_in_flight_requests_and_exits_zero() {
+    let upstream = EchoUpstream::start();
+    let mut proxy = ProxyProcess::start(
+        &upstream.url(),
+        ProviderName::AwsLcRs,
+        CertAlgorithmName::EcdsaP256,
+        &["--shutdown-grace", "10s"],
+    );
+    let addr = proxy.addr;
+    let in_flight = tokio::spawn(async move {
+        let cfg = client_config(&ClientOpts::default());
+        request_bounded(addr, cfg, "GET", "/slow/1500", &[], Bytes::new()).await
+    });
+    // Let the request reach the upstream, then ask the proxy to stop.
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    proxy.terminate();
+    let answer = in_flight
+        .await
+        .unwrap()
+        .expect("in-flight request completes");
+    assert_eq!(answer.status, 200);
+    let status = tokio::task::spawn_blocking(move || {
+        let s = proxy.wait_exit(Duration::from_secs(15));
+        (s, proxy.log_text())
+    })
+    .await
+    .unwrap();
+    assert_eq!(status.0.code(), Some(0), "{}", status.1);
+    assert!(status.1.contains("draining"), "{}", status.1);
+    // The listener is closed after exit: new connections are refused.
+    assert!(std::net::TcpStream::connect(addr).is_err());
+}

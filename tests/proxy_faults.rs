@@ -182,3 +182,44 @@ async fn upstream_down_is_502_in_qdrant_error_shape() {
         assert!(msg.contains(&format!("127.0.0.1:{closed_port}")), "{msg}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn beyond_max_connections_new_connections_wait_instead_of_failing() {
+    let upstream = EchoUpstream::start();
+    let proxy = ProxyProcess::start(
+        &upstream.url(),
+        ProviderName::AwsLcRs,
+        CertAlgorithmName::EcdsaP256,
+        &["--max-connections", "1", "--handshake-timeout", "20s"],
+    );
+    // This client holds the only slot without ever handshaking.
+    let holder = TcpStream::connect(proxy.addr).await.unwrap();
+    proxy.wait_metric("proxy_active_connections", &[], 1.0);
+    let addr = proxy.addr;
+    let waiting = tokio::spawn(async move {
+        request_bounded(
+            addr,
+            client_config(&ClientOpts::default()),
+            "GET",
+            "/queued",
+            &[],
+            Bytes::new(),
+        )
+        .await
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        !waiting.is_finished(),
+        "the second connection must wait for a slot"
+    );
+    drop(holder);
+    let a = waiting
+        .await
+        .unwrap()
+        .expect("served once the slot is free");
+    assert_eq!(a.status, 200);
+    assert_eq!(
+        metric_value(&proxy.metrics(), "proxy_connections_total", &[]),
+        Some(2.0)
+    );
+}

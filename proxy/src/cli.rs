@@ -99,6 +99,21 @@ pub struct Overrides {
     /// Threads in the handshake pool (0: one per CPU).
     #[arg(long, value_name = "N")]
     handshake_threads: Option<usize>,
+    /// OpenSSL provider name for openssl-qat.
+    #[arg(long, value_name = "NAME")]
+    qat_provider_name: Option<String>,
+    /// Directory holding the provider module, or the module file itself.
+    #[arg(long, value_name = "PATH")]
+    qat_module_path: Option<PathBuf>,
+    /// Who polls the QAT provider: internal, external, heuristic.
+    #[arg(long, value_enum)]
+    qat_polling: Option<crate::crypto::qat::Polling>,
+    /// If the QAT provider cannot be used: none (refuse to start) or software.
+    #[arg(long, value_enum)]
+    qat_fallback: Option<crate::crypto::qat::Fallback>,
+    /// Root of the sysfs tree holding QAT telemetry (default /sys).
+    #[arg(long, value_name = "DIR")]
+    qat_telemetry_root: Option<PathBuf>,
     /// Reactor worker threads (0: one per CPU).
     #[arg(long, value_name = "N")]
     worker_threads: Option<usize>,
@@ -189,7 +204,22 @@ pub fn resolve(config_file: Option<&PathBuf>, o: &Overrides) -> Result<Config, C
         cfg.worker_threads = n;
     }
     if let Some(h) = o.handshake_offload {
-        cfg.handshake.offload = h;
+        cfg.handshake.offload = Some(h);
+    }
+    if let Some(v) = &o.qat_provider_name {
+        cfg.qat.provider_name = v.clone();
+    }
+    if let Some(v) = &o.qat_module_path {
+        cfg.qat.module_path = Some(v.clone());
+    }
+    if let Some(v) = o.qat_polling {
+        cfg.qat.polling = v;
+    }
+    if let Some(v) = o.qat_fallback {
+        cfg.qat.fallback = v;
+    }
+    if let Some(v) = &o.qat_telemetry_root {
+        cfg.qat.telemetry_root = v.clone();
     }
     if let Some(n) = o.handshake_threads {
         cfg.handshake.pool_threads = n;

@@ -55,7 +55,9 @@ pub struct Config {
     /// Reactor worker threads; 0 means one per CPU.
     #[serde(default)]
     pub worker_threads: usize,
-    /// Where and how the TLS handshake's signing runs.
+    /// Where and how the TLS handshake's signing runs. Default: inline, except with an
+    /// `openssl-qat` listener, where a synchronous offload request must not hold a reactor
+    /// thread (pool).
     #[serde(default)]
     pub handshake: HandshakeConfig,
     /// Limits and timeouts, for every listener.
@@ -64,6 +66,9 @@ pub struct Config {
     /// The admin listener (/metrics, /healthz, /readyz).
     #[serde(default)]
     pub admin: AdminConfig,
+    /// The OpenSSL + QAT provider (`openssl-qat` listeners only).
+    #[serde(default)]
+    pub qat: crate::crypto::qat::QatConfig,
     /// Client-facing listeners.
     #[serde(default, rename = "listener")]
     pub listeners: Vec<ListenerConfig>,
@@ -84,7 +89,7 @@ pub struct HandshakeConfig {
     /// step that signs to a dedicated thread pool so a slow signature never stalls
     /// established connections.
     #[serde(default)]
-    pub offload: HandshakeOffload,
+    pub offload: Option<HandshakeOffload>,
     /// Threads in the handshake pool; 0 means one per CPU.
     #[serde(default)]
     pub pool_threads: usize,
@@ -459,6 +464,28 @@ impl Config {
         } else {
             Err(ConfigError { problems })
         }
+    }
+
+    /// Where handshakes sign: as configured, else pool when a listener uses openssl-qat
+    /// (QAT requests take a round trip to the device), else inline.
+    pub fn effective_offload(&self) -> HandshakeOffload {
+        self.handshake.offload.unwrap_or_else(|| {
+            let qat = self.listeners.iter().any(|l| {
+                l.provider.unwrap_or(self.provider) == crate::crypto::ProviderName::OpensslQat
+            });
+            if qat {
+                HandshakeOffload::Pool
+            } else {
+                HandshakeOffload::Inline
+            }
+        })
+    }
+
+    /// True when any listener uses the QAT provider.
+    pub fn uses_qat(&self) -> bool {
+        self.listeners
+            .iter()
+            .any(|l| l.provider.unwrap_or(self.provider) == crate::crypto::ProviderName::OpensslQat)
     }
 
     /// The resolved configuration as TOML, for `check-config`.

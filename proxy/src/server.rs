@@ -16,7 +16,8 @@ use tokio_util::task::TaskTracker;
 
 use crate::admin::{self, AdminState, ListenerMetrics, Metrics};
 use crate::config::{Config, Limits, ListenerMode};
-use crate::crypto::{load_certified_key, Provider};
+use crate::crypto::qat::{self, Fallback, QatState};
+use crate::crypto::{load_certified_key, Provider, ProviderName};
 use crate::http::HttpForwarder;
 use crate::io::{Activity, CountingIo};
 use crate::tls::{self, HandshakePool, Offload};
@@ -65,8 +66,14 @@ impl Proxy {
             .map_err(|e| StartupError(e.problems.join("\n")))?;
         let metrics = Metrics::new();
         let (offload, pool) =
-            tls::offload_for(config.handshake.offload, config.handshake.pool_threads)
+            tls::offload_for(config.effective_offload(), config.handshake.pool_threads)
                 .map_err(|e| StartupError(format!("cannot start the handshake pool: {e}")))?;
+        let qat_state = if config.uses_qat() {
+            activate_qat(config)?
+        } else {
+            None
+        };
+        let mut qat_offload_active = qat_state.is_some();
 
         let mut listeners = Vec::with_capacity(config.listeners.len());
         for (i, lc) in config.listeners.iter().enumerate() {
@@ -74,10 +81,25 @@ impl Proxy {
             let at = |what: &str, e: &dyn std::fmt::Display| {
                 StartupError(format!("listener {name:?} (listener[{i}]): {what}{e}"))
             };
-            let provider_name = lc.provider.unwrap_or(config.provider);
+            let mut provider_name = lc.provider.unwrap_or(config.provider);
+            if provider_name == ProviderName::OpensslQat && qat_state.is_none() {
+                // Software fallback was configured and activation failed (logged above).
+                provider_name = ProviderName::Openssl;
+            }
             let provider =
                 Provider::new(provider_name, &lc.tls.kx_groups).map_err(|e| at("", &e))?;
             let cert = load_certified_key(&provider, &lc.cert, &lc.key).map_err(|e| at("", &e))?;
+            if let (ProviderName::OpensslQat, Some(state)) = (provider_name, &qat_state) {
+                match state.prove_signing(&lc.key) {
+                    Ok(proof) => tracing::info!(listener = %name, "QAT start-up proof: {proof}"),
+                    Err(e) if config.qat.fallback == Fallback::Software => {
+                        tracing::warn!(listener = %name, error = %e, "QAT offload is off for this listener: signing in software OpenSSL");
+                        qat_offload_active = false;
+                        provider_name = ProviderName::Openssl;
+                    }
+                    Err(e) => return Err(at("openssl-qat: ", &e)),
+                }
+            }
             let default_alpn: &[&[u8]] = match lc.mode {
                 ListenerMode::Http => &[b"h2", b"http/1.1"],
                 ListenerMode::Tcp => &[],
@@ -139,6 +161,20 @@ impl Proxy {
                     mode,
                 }),
             ));
+        }
+        if config.uses_qat() {
+            match crate::crypto::qat::telemetry::read_all(
+                &config.qat.telemetry_root,
+                config.qat.enable_telemetry,
+            ) {
+                Ok(devices) => tracing::info!(devices = devices.len(), "QAT telemetry available"),
+                Err(reason) => tracing::info!(%reason, "QAT telemetry unavailable"),
+            }
+            metrics.enable_qat(
+                qat_state.filter(|_| qat_offload_active),
+                config.qat.telemetry_root.clone(),
+                config.qat.enable_telemetry,
+            );
         }
         let admin_addr: SocketAddr =
             config.admin.listen.parse().map_err(|e| {
@@ -223,6 +259,27 @@ impl Proxy {
         if let Some(pool) = self.pool {
             pool.shutdown();
         }
+    }
+}
+
+/// Loads the QAT provider, or explains why not; `None` means software fallback was
+/// configured and is in effect.
+fn activate_qat(config: &Config) -> Result<Option<Arc<QatState>>, StartupError> {
+    match qat::activate(&config.qat) {
+        Ok(state) => {
+            tracing::info!(
+                provider = %state.name,
+                property_query = %state.property_query,
+                polling = ?state.effective_polling,
+                "QAT provider active"
+            );
+            Ok(Some(state))
+        }
+        Err(e) if config.qat.fallback == Fallback::Software => {
+            tracing::warn!(error = %e, "QAT offload is off: openssl-qat listeners sign in software OpenSSL (qat.fallback = \"software\")");
+            Ok(None)
+        }
+        Err(e) => Err(StartupError(format!("openssl-qat: {e}"))),
     }
 }
 

@@ -38,6 +38,7 @@ pub struct Metrics {
     sent_bytes: IntCounterVec,
     listener_info: IntGaugeVec,
     process: ProcessMetrics,
+    qat: std::sync::Arc<std::sync::OnceLock<super::QatMetrics>>,
 }
 
 impl Metrics {
@@ -163,6 +164,7 @@ impl Metrics {
             sent_bytes,
             listener_info,
             process,
+            qat: Default::default(),
         }
     }
 
@@ -194,9 +196,27 @@ impl Metrics {
         }
     }
 
+    /// Adds the QAT metrics (once; `state` is `None` when offload fell back to software).
+    pub fn enable_qat(
+        &self,
+        state: Option<std::sync::Arc<crate::crypto::qat::QatState>>,
+        telemetry_root: std::path::PathBuf,
+        enable_telemetry: bool,
+    ) {
+        let _ = self.qat.set(super::QatMetrics::register(
+            &self.registry,
+            state,
+            telemetry_root,
+            enable_telemetry,
+        ));
+    }
+
     /// The text exposition of every metric.
     pub fn render(&self) -> Vec<u8> {
         self.process.refresh();
+        if let Some(q) = self.qat.get() {
+            q.refresh();
+        }
         let mut out = Vec::with_capacity(16 * 1024);
         // Encoding into a Vec cannot fail for well-formed metrics.
         let _ = TextEncoder::new().encode(&self.registry.gather(), &mut out);

@@ -3,6 +3,9 @@
 
 mod metrics;
 mod process;
+mod qat;
+
+pub use qat::QatMetrics;
 
 pub use metrics::{ListenerMetrics, Metrics};
 

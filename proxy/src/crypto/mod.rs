@@ -9,6 +9,7 @@ mod certgen;
 mod keys;
 mod openssl_ticketer;
 mod provider;
+pub mod qat;
 
 pub use certgen::{generate_cert_set, CertAlgorithmName, GeneratedSet};
 pub use keys::{load_certified_key, load_client_ca, CertAlgorithm, LoadedCert};

@@ -174,14 +174,19 @@ impl Provider {
                     rustls_openssl::default_provider(),
                     rustls_openssl::kx_group::available_groups(),
                 ),
+                // The same rustls-openssl provider: what makes it QAT is OpenSSL's default
+                // library context, which `qat::activate` has pointed at the QAT provider.
                 ProviderName::OpensslQat => {
-                    return Err(CryptoError::ProviderUnavailable {
-                        name: name.as_str(),
-                        reason: "QAT offload is not built into this version of the proxy \
-                                 (the OpenSSL provider-loading path comes with the openssl-qat work); \
-                                 use --provider openssl for software OpenSSL"
-                            .to_owned(),
-                    })
+                    if super::qat::active().is_none() {
+                        return Err(CryptoError::ProviderUnavailable {
+                            name: name.as_str(),
+                            reason: "the QAT OpenSSL provider has not been activated".to_owned(),
+                        });
+                    }
+                    (
+                        rustls_openssl::default_provider(),
+                        rustls_openssl::kx_group::available_groups(),
+                    )
                 }
             };
         if !kx_groups.is_empty() {

@@ -15,6 +15,7 @@ use std::time::Duration;
 
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Request, Response, Uri, Version};
+use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use hyper::server::conn::{http1, http2};
 use hyper_util::client::legacy::connect::HttpConnector;
@@ -43,6 +44,12 @@ const H2_CONNECTION_WINDOW: u32 = 16 * 1024 * 1024;
 const UPSTREAM_POOL_MAX_IDLE: usize = 256;
 /// Idle upstream connections are closed after this, well under Qdrant's own keep-alive.
 const UPSTREAM_POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Oversized HTTP/1.1 bodies up to this size are read and discarded before the 413 so the
+/// client sees the answer; larger ones just get the answer and a closed connection.
+const LINGER_DRAIN_MAX_BYTES: u64 = 256 * 1024 * 1024;
+/// Time allowed for that draining.
+const LINGER_DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
 
 type UpstreamClient = Client<HttpConnector, CappedBody>;
 
@@ -173,11 +180,23 @@ impl HttpForwarder {
             );
         }
         let max_body = self.limits.max_request_body_bytes;
-        if content_length(req.headers()).is_some_and(|len| len > max_body) {
-            return fail(
+        if let Some(len) = content_length(req.headers()).filter(|len| *len > max_body) {
+            let resp = fail(
                 Failure::RequestTooLarge,
                 &format!("request body larger than the proxy's limit of {max_body} bytes"),
             );
+            // An HTTP/1.1 client is still writing the body it announced: closing now would
+            // reset the connection under it and it would never read the 413. Read and
+            // discard a bounded amount first (nginx's lingering close); HTTP/2 cancels the
+            // stream instead.
+            if req.version() < Version::HTTP_2 && len <= LINGER_DRAIN_MAX_BYTES {
+                let mut body = req.into_body();
+                let _ = tokio::time::timeout(LINGER_DRAIN_TIMEOUT, async {
+                    while let Some(Ok(_)) = body.frame().await {}
+                })
+                .await;
+            }
+            return resp;
         }
         let use_h2c = match self.protocol {
             UpstreamProtocol::H2c => true,

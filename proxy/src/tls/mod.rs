@@ -93,7 +93,9 @@ impl Offload {
 /// The dedicated handshake pool: a separate multi-threaded runtime whose workers only turn
 /// ClientHellos into the server's first flight (the step that signs).
 pub struct HandshakePool {
-    runtime: tokio::runtime::Runtime,
+    // An Option so that Drop can take it: a runtime must be shut down without blocking when
+    // dropped from async code (a start-up error drops the pool inside the main runtime).
+    runtime: Option<tokio::runtime::Runtime>,
 }
 
 impl HandshakePool {
@@ -104,17 +106,30 @@ impl HandshakePool {
             .thread_name("tls-handshake")
             .enable_all()
             .build()?;
-        Ok(Self { runtime })
+        Ok(Self {
+            runtime: Some(runtime),
+        })
     }
 
     /// A placement that uses this pool.
     pub fn offload(&self) -> Offload {
-        Offload::Pool(self.runtime.handle().clone())
+        match &self.runtime {
+            Some(rt) => Offload::Pool(rt.handle().clone()),
+            None => Offload::Inline,
+        }
     }
 
     /// Stops the workers without waiting for queued handshakes.
     pub fn shutdown(self) {
-        self.runtime.shutdown_background();
+        drop(self);
+    }
+}
+
+impl Drop for HandshakePool {
+    fn drop(&mut self) {
+        if let Some(rt) = self.runtime.take() {
+            rt.shutdown_background();
+        }
     }
 }
 

@@ -1,0 +1,170 @@
+//! QAT metrics: whether offload is on, our poll thread's work, requests in flight, and the
+//! device telemetry, read at scrape time.
+
+use std::path::PathBuf;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+
+use prometheus::{GaugeVec, IntCounter, IntGauge, Opts, Registry};
+
+use crate::crypto::qat::{telemetry, QatState};
+
+/// Gauges and counters for the QAT provider and devices.
+pub struct QatMetrics {
+    state: Option<Arc<QatState>>,
+    telemetry_root: PathBuf,
+    enable_telemetry: bool,
+    polls: IntCounter,
+    poll_failures: IntCounter,
+    in_flight: IntGauge,
+    telemetry_available: IntGauge,
+    device_utilization: GaugeVec,
+    pke_utilization: GaugeVec,
+    pke_utilization_peak: GaugeVec,
+    latency: GaugeVec,
+    bandwidth: GaugeVec,
+    // One refresh at a time: counters are advanced by deltas.
+    refresh: Mutex<()>,
+}
+
+fn gauge_vec(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> GaugeVec {
+    let g = GaugeVec::new(Opts::new(name, help), labels).expect("static metric definition");
+    registry
+        .register(Box::new(g.clone()))
+        .expect("metric names are unique");
+    g
+}
+
+impl QatMetrics {
+    /// Registers the QAT metrics. `state` is `None` when offload is off (software fallback).
+    pub fn register(
+        registry: &Registry,
+        state: Option<Arc<QatState>>,
+        telemetry_root: PathBuf,
+        enable_telemetry: bool,
+    ) -> Self {
+        let offload_active = IntGauge::with_opts(Opts::new(
+            "proxy_qat_offload_active",
+            "1 when openssl-qat listeners sign through the QAT provider, 0 when they fell back to software.",
+        ))
+        .expect("static metric definition");
+        offload_active.set(i64::from(state.is_some()));
+        let polls = IntCounter::with_opts(Opts::new(
+            "proxy_qat_polls_total",
+            "Polls of the QAT provider made by the proxy's poll thread (external or heuristic polling).",
+        ))
+        .expect("static metric definition");
+        let poll_failures = IntCounter::with_opts(Opts::new(
+            "proxy_qat_poll_failures_total",
+            "Polls the QAT provider did not report as serviced.",
+        ))
+        .expect("static metric definition");
+        let in_flight = IntGauge::with_opts(Opts::new(
+            "proxy_qat_requests_in_flight",
+            "Requests the QAT provider reports in flight (asymmetric, KDF, cipher, multi-buffer queued).",
+        ))
+        .expect("static metric definition");
+        let telemetry_available = IntGauge::with_opts(Opts::new(
+            "proxy_qat_telemetry_available",
+            "1 when QAT device telemetry could be read at the last scrape.",
+        ))
+        .expect("static metric definition");
+        for m in [
+            Box::new(offload_active) as Box<dyn prometheus::core::Collector>,
+            Box::new(polls.clone()),
+            Box::new(poll_failures.clone()),
+            Box::new(in_flight.clone()),
+            Box::new(telemetry_available.clone()),
+        ] {
+            registry.register(m).expect("metric names are unique");
+        }
+        Self {
+            state,
+            telemetry_root,
+            enable_telemetry,
+            polls,
+            poll_failures,
+            in_flight,
+            telemetry_available,
+            device_utilization: gauge_vec(
+                registry,
+                "proxy_qat_device_utilization_percent",
+                "Mean utilisation over every slice of the QAT device, percent.",
+                &["device"],
+            ),
+            pke_utilization: gauge_vec(
+                registry,
+                "proxy_qat_pke_utilization_percent",
+                "Mean utilisation of the device's public-key engines, percent.",
+                &["device"],
+            ),
+            pke_utilization_peak: gauge_vec(
+                registry,
+                "proxy_qat_pke_utilization_peak_percent",
+                "Utilisation of the busiest public-key engine, percent.",
+                &["device"],
+            ),
+            latency: gauge_vec(
+                registry,
+                "proxy_qat_latency_seconds",
+                "Average device latency: get-to-put (gp) and PCIe read (rd), seconds.",
+                &["device", "kind"],
+            ),
+            bandwidth: gauge_vec(
+                registry,
+                "proxy_qat_pcie_bandwidth_bytes_per_second",
+                "PCIe bandwidth into (in) and out of (out) the device, bytes per second.",
+                &["device", "direction"],
+            ),
+            refresh: Mutex::new(()),
+        }
+    }
+
+    /// Reads the provider counters and the device telemetry.
+    pub fn refresh(&self) {
+        let _guard = self.refresh.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(state) = &self.state {
+            let advance = |c: &IntCounter, now: u64| {
+                let before = c.get();
+                if now > before {
+                    c.inc_by(now - before);
+                }
+            };
+            advance(&self.polls, state.polls.load(Ordering::Relaxed));
+            advance(
+                &self.poll_failures,
+                state.poll_failures.load(Ordering::Relaxed),
+            );
+            self.in_flight.set(state.requests_in_flight());
+        }
+        match telemetry::read_all(&self.telemetry_root, self.enable_telemetry) {
+            Ok(devices) => {
+                self.telemetry_available.set(1);
+                for d in devices {
+                    let dev = d.device.as_str();
+                    let set = |g: &GaugeVec, labels: &[&str], v: Option<f64>| {
+                        if let Some(v) = v {
+                            g.with_label_values(labels).set(v);
+                        }
+                    };
+                    set(&self.device_utilization, &[dev], d.device_utilization());
+                    set(&self.pke_utilization, &[dev], d.pke_utilization());
+                    set(&self.pke_utilization_peak, &[dev], d.pke_utilization_peak());
+                    set(&self.latency, &[dev, "gp"], d.gp_latency_seconds());
+                    set(&self.latency, &[dev, "rd"], d.read_latency_seconds());
+                    set(
+                        &self.bandwidth,
+                        &[dev, "in"],
+                        d.bandwidth_in_bytes_per_second(),
+                    );
+                    set(
+                        &self.bandwidth,
+                        &[dev, "out"],
+                        d.bandwidth_out_bytes_per_second(),
+                    );
+                }
+            }
+            Err(_) => self.telemetry_available.set(0),
+        }
+    }
+}

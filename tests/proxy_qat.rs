@@ -1,0 +1,262 @@
+//! The openssl-qat provider path, proven on this machine with real OpenSSL providers
+//! standing in for the QAT one (no QAT device exists here): OpenSSL's `default` provider
+//! loaded by name from the module directory performs the signatures; the `legacy` module, a
+//! real non-default provider that cannot sign, must fail the start-up proof; missing modules
+//! and wrong names are refused with messages naming what was looked for. Telemetry is read
+//! from recorded file trees in tests/fixtures/qat.
+
+use std::path::PathBuf;
+
+use bytes::Bytes;
+use e2e::*;
+use proxy::crypto::{CertAlgorithmName, ProviderName};
+
+/// OpenSSL's module directory (where legacy.so, and on QAT hosts qatprovider.so, live).
+fn modules_dir() -> PathBuf {
+    let out = std::process::Command::new("openssl")
+        .args(["version", "-m"])
+        .output()
+        .expect(
+            "the openssl command (Debian package openssl) is needed to find the module directory",
+        );
+    let text = String::from_utf8_lossy(&out.stdout);
+    let dir = text
+        .split('"')
+        .nth(1)
+        .expect("`openssl version -m` prints MODULESDIR: \"...\"");
+    let dir = PathBuf::from(dir);
+    assert!(
+        dir.join("legacy.so").is_file(),
+        "no legacy.so in {}",
+        dir.display()
+    );
+    dir
+}
+
+fn fixtures() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("fixtures/qat")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn default_provider_stands_in_for_qat_and_signs_every_handshake() {
+    let upstream = EchoUpstream::start();
+    let modules = modules_dir().display().to_string();
+    let telemetry = fixtures().join("in-kernel/sys").display().to_string();
+    for alg in [CertAlgorithmName::Rsa2048, CertAlgorithmName::EcdsaP384] {
+        let proxy = ProxyProcess::start(
+            &upstream.url(),
+            ProviderName::OpensslQat,
+            alg,
+            &[
+                "--qat-provider-name",
+                "default",
+                "--qat-module-path",
+                &modules,
+                "--qat-telemetry-root",
+                &telemetry,
+            ],
+        );
+        let log = proxy.log_text();
+        assert!(log.contains("QAT provider active"), "{log}");
+        assert!(
+            log.contains(r#"signature fetched from provider \"default\""#)
+                || log.contains(r#"signature fetched from provider "default""#),
+            "{log}"
+        );
+        for (tls13, tls12) in [(true, false), (false, true)] {
+            let cfg = client_config(&ClientOpts {
+                tls13,
+                tls12,
+                ..ClientOpts::default()
+            });
+            let a = request_bounded(proxy.addr, cfg, "GET", "/qat", &[], Bytes::new())
+                .await
+                .unwrap();
+            assert_eq!(a.status, 200);
+        }
+        let m = proxy.metrics();
+        assert_eq!(
+            metric_value(&m, "proxy_qat_offload_active", &[]),
+            Some(1.0),
+            "{m}"
+        );
+        // QAT listeners hand the signing step to the handshake pool by default.
+        assert_eq!(
+            metric_value(
+                &m,
+                "proxy_listener_info",
+                &[
+                    ("provider", "openssl-qat"),
+                    ("handshake_offload", "pool"),
+                    ("algorithm", alg.as_str())
+                ]
+            ),
+            Some(1.0),
+            "{m}"
+        );
+        assert_eq!(
+            metric_value(
+                &m,
+                "proxy_tls_handshakes_total",
+                &[("provider", "openssl-qat"), ("outcome", "ok")]
+            ),
+            Some(1.0),
+            "{m}"
+        );
+        // Telemetry from the recorded in-kernel debugfs tree.
+        assert_eq!(
+            metric_value(&m, "proxy_qat_telemetry_available", &[]),
+            Some(1.0),
+            "{m}"
+        );
+        assert_eq!(
+            metric_value(
+                &m,
+                "proxy_qat_pke_utilization_peak_percent",
+                &[("device", "qat_4xxx_0000:6b:00.0")]
+            ),
+            Some(46.0),
+            "{m}"
+        );
+        assert_eq!(
+            metric_value(
+                &m,
+                "proxy_qat_pcie_bandwidth_bytes_per_second",
+                &[("direction", "in")]
+            ),
+            Some(150_000_000.0),
+            "{m}"
+        );
+    }
+}
+
+fn start_failure(extra: &[&str]) -> (i32, String) {
+    let (cert, key) = server_cert(CertAlgorithmName::Rsa2048);
+    let (cert, key) = (cert.display().to_string(), key.display().to_string());
+    let mut args = vec![
+        "run",
+        "--listen",
+        "127.0.0.1:0",
+        "--admin",
+        "127.0.0.1:0",
+        "--upstream",
+        "http://127.0.0.1:1",
+        "--provider",
+        "openssl-qat",
+        "--cert",
+        &cert,
+        "--key",
+        &key,
+    ];
+    args.extend_from_slice(extra);
+    let (status, out) = run_proxy_to_exit(&args);
+    (status.code().unwrap_or(-1), out)
+}
+
+#[test]
+fn a_provider_that_cannot_sign_fails_the_start_up_proof() {
+    let modules = modules_dir().display().to_string();
+    let (code, out) = start_failure(&[
+        "--qat-provider-name",
+        "legacy",
+        "--qat-module-path",
+        &modules,
+    ]);
+    assert_eq!(code, 1, "{out}");
+    assert!(out.contains("start-up proof failed"), "{out}");
+    assert!(
+        out.contains(r#"fetched from OpenSSL provider "default", not "legacy""#),
+        "{out}"
+    );
+}
+
+#[test]
+fn missing_module_and_wrong_names_are_refused_clearly() {
+    let modules = modules_dir();
+    let dir = modules.display().to_string();
+    // The QAT provider is not installed here: the default name is looked for and not found.
+    let (code, out) = start_failure(&["--qat-module-path", &dir]);
+    assert_eq!(code, 1, "{out}");
+    assert!(
+        out.contains(r#"cannot load OpenSSL provider "qatprovider""#),
+        "{out}"
+    );
+    assert!(out.contains("qatprovider.so"), "{out}");
+    // A name that exists nowhere.
+    let (code, out) = start_failure(&["--qat-provider-name", "no_such_provider"]);
+    assert_eq!(code, 1, "{out}");
+    assert!(out.contains("no_such_provider"), "{out}");
+    // A module file that is not the named provider.
+    let legacy = modules.join("legacy.so").display().to_string();
+    let (code, out) = start_failure(&["--qat-module-path", &legacy]);
+    assert_eq!(code, 1, "{out}");
+    assert!(out.contains(r#"is a module named "legacy""#), "{out}");
+    // A module path that does not exist.
+    let (code, out) = start_failure(&["--qat-module-path", "/nonexistent/ossl-modules"]);
+    assert_eq!(code, 1, "{out}");
+    assert!(
+        out.contains("/nonexistent/ossl-modules: no such file or directory"),
+        "{out}"
+    );
+    // External polling asked of a provider that has no QAT polling parameters.
+    let (code, out) = start_failure(&[
+        "--qat-provider-name",
+        "default",
+        "--qat-module-path",
+        &dir,
+        "--qat-polling",
+        "external",
+    ]);
+    assert_eq!(code, 1, "{out}");
+    assert!(out.contains("reports no QAT polling parameters"), "{out}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn software_fallback_only_when_configured_and_then_visible() {
+    let upstream = EchoUpstream::start();
+    let proxy = ProxyProcess::start(
+        &upstream.url(),
+        ProviderName::OpensslQat,
+        CertAlgorithmName::EcdsaP256,
+        &[
+            "--qat-fallback",
+            "software",
+            "--qat-telemetry-root",
+            "/nonexistent-sysfs",
+        ],
+    );
+    let a = request_bounded(
+        proxy.addr,
+        client_config(&ClientOpts::default()),
+        "GET",
+        "/",
+        &[],
+        Bytes::new(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(a.status, 200);
+    let m = proxy.metrics();
+    assert_eq!(
+        metric_value(&m, "proxy_qat_offload_active", &[]),
+        Some(0.0),
+        "{m}"
+    );
+    assert_eq!(
+        metric_value(&m, "proxy_qat_telemetry_available", &[]),
+        Some(0.0),
+        "{m}"
+    );
+    // The handshakes are labelled with what really signed them.
+    assert_eq!(
+        metric_value(
+            &m,
+            "proxy_tls_handshakes_total",
+            &[("provider", "openssl"), ("outcome", "ok")]
+        ),
+        Some(1.0),
+        "{m}"
+    );
+    let log = proxy.log_text();
+    assert!(log.contains("QAT offload is off"), "{log}");
+}

@@ -23,7 +23,10 @@ use proxy::crypto::{generate_cert_set, CertAlgorithmName, ProviderName};
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().collect();
-    let binary = args.get(1).cloned().unwrap_or_else(|| "target/release/proxy".into());
+    let binary = args
+        .get(1)
+        .cloned()
+        .unwrap_or_else(|| "target/release/proxy".into());
     let seconds: u64 = args.get(2).and_then(|s| s.parse().ok()).unwrap_or(3);
     let concurrency: usize = args.get(3).and_then(|s| s.parse().ok()).unwrap_or(2);
     let dir = std::env::temp_dir().join(format!("conn-per-request-{}", std::process::id()));
@@ -34,7 +37,11 @@ async fn main() -> anyhow::Result<()> {
     println!("new TLS 1.3 connection per request, X25519, no resumption, {concurrency} clients, {seconds} s per cell");
     println!("| provider | algorithm | requests/s | proxy CPU ms/request | proxy CPU % | errors |");
     println!("|---|---|---:|---:|---:|---:|");
-    for provider in [ProviderName::Ring, ProviderName::AwsLcRs, ProviderName::Openssl] {
+    for provider in [
+        ProviderName::Ring,
+        ProviderName::AwsLcRs,
+        ProviderName::Openssl,
+    ] {
         for (alg, cert, key) in &certs.servers {
             let args: Vec<String> = vec![
                 "--resumption".into(),
@@ -50,10 +57,22 @@ async fn main() -> anyhow::Result<()> {
             ];
             let proxy = start_proxy(&binary, &dir, &format!("{provider}-{alg}"), &args).await?;
             // Warm-up, excluded.
-            drive(proxy.addr, client.clone(), concurrency, Duration::from_millis(500)).await;
+            drive(
+                proxy.addr,
+                client.clone(),
+                concurrency,
+                Duration::from_millis(500),
+            )
+            .await;
             let cpu_before = proxy_cpu(proxy.admin).await?;
             let started = Instant::now();
-            let (ok, errors) = drive(proxy.addr, client.clone(), concurrency, Duration::from_secs(seconds)).await;
+            let (ok, errors) = drive(
+                proxy.addr,
+                client.clone(),
+                concurrency,
+                Duration::from_secs(seconds),
+            )
+            .await;
             let elapsed = started.elapsed().as_secs_f64();
             let cpu = proxy_cpu(proxy.admin).await? - cpu_before;
             println!(
@@ -68,7 +87,12 @@ async fn main() -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn drive(addr: SocketAddr, cfg: Arc<rustls::ClientConfig>, workers: usize, d: Duration) -> (u64, u64) {
+async fn drive(
+    addr: SocketAddr,
+    cfg: Arc<rustls::ClientConfig>,
+    workers: usize,
+    d: Duration,
+) -> (u64, u64) {
     let ok = Arc::new(AtomicU64::new(0));
     let err = Arc::new(AtomicU64::new(0));
     let end = Instant::now() + d;

@@ -28,7 +28,10 @@ const PROBE_GAP: Duration = Duration::from_millis(5);
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().collect();
-    let binary = args.get(1).cloned().unwrap_or_else(|| "target/release/proxy".into());
+    let binary = args
+        .get(1)
+        .cloned()
+        .unwrap_or_else(|| "target/release/proxy".into());
     let provider = args.get(2).cloned().unwrap_or_else(|| "openssl".into());
     let seconds: u64 = args.get(3).and_then(|s| s.parse().ok()).unwrap_or(5);
     let dir = std::env::temp_dir().join(format!("offload-p99-{}", std::process::id()));
@@ -42,8 +45,16 @@ async fn main() -> anyhow::Result<()> {
     println!("|---|---:|---:|---:|---:|---:|---:|");
     for placement in ["inline", "pool"] {
         let args: Vec<String> = [
-            "--resumption", "off", "--worker-threads", "1", "--handshake-threads", "1",
-            "--handshake-offload", placement, "--provider", &provider,
+            "--resumption",
+            "off",
+            "--worker-threads",
+            "1",
+            "--handshake-threads",
+            "1",
+            "--handshake-offload",
+            placement,
+            "--provider",
+            &provider,
         ]
         .iter()
         .map(|s| s.to_string())
@@ -64,7 +75,8 @@ async fn main() -> anyhow::Result<()> {
         let handshakes = Arc::new(AtomicU64::new(0));
         let mut flood = Vec::new();
         for _ in 0..FLOODERS {
-            let (stop, handshakes, cfg, addr) = (stop.clone(), handshakes.clone(), client.clone(), proxy.addr);
+            let (stop, handshakes, cfg, addr) =
+                (stop.clone(), handshakes.clone(), client.clone(), proxy.addr);
             flood.push(tokio::spawn(async move {
                 while !stop.load(Ordering::Relaxed) {
                     if one_request(addr, cfg.clone()).await.is_ok() {

@@ -30,7 +30,12 @@ impl Drop for RunningProxy {
 }
 
 /// Starts `binary run` on 127.0.0.1:0 with `args` and waits for its ready file.
-pub async fn start_proxy(binary: &str, dir: &Path, tag: &str, args: &[String]) -> anyhow::Result<RunningProxy> {
+pub async fn start_proxy(
+    binary: &str,
+    dir: &Path,
+    tag: &str,
+    args: &[String],
+) -> anyhow::Result<RunningProxy> {
     let ready = dir.join(format!("ready-{tag}.json"));
     let _ = std::fs::remove_file(&ready);
     let child = Command::new(binary)
@@ -51,7 +56,10 @@ pub async fn start_proxy(binary: &str, dir: &Path, tag: &str, args: &[String]) -
     };
     Ok(RunningProxy {
         child,
-        addr: doc["listeners"]["listener0"].as_str().unwrap_or_default().parse()?,
+        addr: doc["listeners"]["listener0"]
+            .as_str()
+            .unwrap_or_default()
+            .parse()?,
         admin: doc["admin"].as_str().unwrap_or_default().parse()?,
     })
 }
@@ -88,9 +96,13 @@ pub async fn connect(
 }
 
 /// One GET on an established connection.
-pub async fn get(sender: &mut hyper::client::conn::http1::SendRequest<Empty<Bytes>>) -> anyhow::Result<()> {
+pub async fn get(
+    sender: &mut hyper::client::conn::http1::SendRequest<Empty<Bytes>>,
+) -> anyhow::Result<()> {
     sender.ready().await?;
-    let req = http::Request::get("/").header("host", "localhost").body(Empty::<Bytes>::new())?;
+    let req = http::Request::get("/")
+        .header("host", "localhost")
+        .body(Empty::<Bytes>::new())?;
     let resp = sender.send_request(req).await?;
     anyhow::ensure!(resp.status() == 200, "status {}", resp.status());
     resp.into_body().collect().await?;
@@ -108,8 +120,16 @@ pub async fn proxy_cpu(admin: SocketAddr) -> anyhow::Result<f64> {
     let tcp = tokio::net::TcpStream::connect(admin).await?;
     let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp)).await?;
     tokio::spawn(conn);
-    let req = http::Request::get("/metrics").header("host", "admin").body(Empty::<Bytes>::new())?;
-    let body = sender.send_request(req).await?.into_body().collect().await?.to_bytes();
+    let req = http::Request::get("/metrics")
+        .header("host", "admin")
+        .body(Empty::<Bytes>::new())?;
+    let body = sender
+        .send_request(req)
+        .await?
+        .into_body()
+        .collect()
+        .await?
+        .to_bytes();
     let text = String::from_utf8_lossy(&body);
     text.lines()
         .find_map(|l| l.strip_prefix("process_cpu_seconds_total "))
@@ -125,7 +145,9 @@ pub async fn start_upstream() -> anyhow::Result<SocketAddr> {
         while let Ok((s, _)) = listener.accept().await {
             tokio::spawn(async move {
                 let svc = hyper::service::service_fn(|_req| async {
-                    Ok::<_, std::convert::Infallible>(http::Response::new(Full::new(Bytes::from_static(b"ok"))))
+                    Ok::<_, std::convert::Infallible>(http::Response::new(Full::new(
+                        Bytes::from_static(b"ok"),
+                    )))
                 });
                 let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
                     .serve_connection(TokioIo::new(s), svc)

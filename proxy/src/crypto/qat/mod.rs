@@ -167,10 +167,12 @@ fn activate_once(cfg: &QatConfig) -> Result<QatState, QatError> {
             }
             p.parent().map(Path::to_path_buf)
         }
-        Some(p) => return Err(QatError(format!(
+        Some(p) => {
+            return Err(QatError(format!(
             "qat.module_path {}: no such file or directory (looking for OpenSSL provider {name:?})",
             p.display()
-        ))),
+        )))
+        }
     };
     let where_ = describe_search(search_path.as_deref());
     if let Some(dir) = &search_path {

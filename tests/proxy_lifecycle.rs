@@ -67,11 +67,15 @@ fn startup_errors_name_the_problem() {
         2,
         &["boringssl"],
     );
-    // The QAT provider asked for where it cannot work: a clear refusal, never a silent fallback.
+    // The QAT provider asked for where it is not installed: a clear refusal naming what was
+    // looked for, never a silent fallback.
     expect_failure(
         &run_args(&cert, &key, &["--provider", "openssl-qat"]),
         1,
-        &["openssl-qat is not available"],
+        &[
+            r#"cannot load OpenSSL provider "qatprovider""#,
+            "qatprovider.so",
+        ],
     );
     // Port in use.
     let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();

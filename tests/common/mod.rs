@@ -315,6 +315,151 @@ pub fn plain_get(addr: SocketAddr, path: &str) -> (u16, String) {
 }
 
 // ---------------------------------------------------------------------------------------
+// embedded-qdrant
+
+/// A running `embedded-qdrant` process; killed on drop.
+pub struct EmbeddedQdrant {
+    child: Child,
+    /// REST address.
+    pub rest: SocketAddr,
+    /// gRPC address.
+    pub grpc: SocketAddr,
+    /// Its data folder.
+    pub data: PathBuf,
+    /// Where its stderr goes.
+    pub log: PathBuf,
+}
+
+impl EmbeddedQdrant {
+    /// Starts the server on loopback port 0 with `data` as its data folder.
+    pub fn start(data: &Path) -> Self {
+        let dir = temp_dir("eq-run");
+        let ready = dir.join("ready.json");
+        let log = dir.join("embedded-qdrant.log");
+        let mut child = Command::new(binary("embedded-qdrant"))
+            .args(["--rest", "127.0.0.1:0", "--grpc", "127.0.0.1:0", "--data"])
+            .arg(data)
+            .arg("--ready-file")
+            .arg(&ready)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).expect("log file"))
+            .spawn()
+            .expect("spawn embedded-qdrant");
+        let deadline = Instant::now() + WAIT;
+        loop {
+            if let Ok(text) = std::fs::read_to_string(&ready) {
+                let v: serde_json::Value = serde_json::from_str(&text).expect("ready JSON");
+                return Self {
+                    child,
+                    rest: v["rest"].as_str().expect("rest").parse().expect("addr"),
+                    grpc: v["grpc"].as_str().expect("grpc").parse().expect("addr"),
+                    data: data.to_owned(),
+                    log,
+                };
+            }
+            if let Ok(Some(status)) = child.try_wait() {
+                panic!(
+                    "embedded-qdrant exited during start-up ({status}):\n{}",
+                    std::fs::read_to_string(&log).unwrap_or_default()
+                );
+            }
+            assert!(
+                Instant::now() < deadline,
+                "embedded-qdrant did not start in {WAIT:?}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// SIGTERM, then waits (bounded) for a clean exit; returns the exit status.
+    pub fn stop(mut self) -> ExitStatus {
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(self.child.id() as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        )
+        .expect("SIGTERM");
+        let deadline = Instant::now() + WAIT;
+        loop {
+            if let Some(s) = self.child.try_wait().expect("try_wait") {
+                return s;
+            }
+            assert!(Instant::now() < deadline, "embedded-qdrant did not exit");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Its log so far.
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for EmbeddedQdrant {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A plain HTTP/1.1 request with a JSON (or raw) body; returns status and parsed JSON
+/// (`Value::Null` when the body is not JSON). Bounded in time.
+pub fn http_json(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    body: &str,
+) -> (u16, serde_json::Value) {
+    use std::io::Write;
+    let mut s = std::net::TcpStream::connect_timeout(&addr, WAIT).expect("connect");
+    s.set_read_timeout(Some(WAIT)).ok();
+    write!(
+        s,
+        "{method} {path} HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .expect("write");
+    let mut out = Vec::new();
+    s.read_to_end(&mut out).expect("read");
+    let text = String::from_utf8_lossy(&out);
+    let status = text
+        .split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let body = text.split_once("\r\n\r\n").map(|(_, b)| b).unwrap_or("");
+    (
+        status,
+        serde_json::from_str(body).unwrap_or(serde_json::Value::Null),
+    )
+}
+
+/// `n` seeded pseudo-random unit vectors of `dim` dimensions (xorshift; reproducible).
+pub fn unit_vectors(n: usize, dim: usize, seed: u64) -> Vec<Vec<f32>> {
+    let mut state = seed | 1;
+    (0..n)
+        .map(|_| {
+            let mut v: Vec<f32> = (0..dim)
+                .map(|_| {
+                    state ^= state << 13;
+                    state ^= state >> 7;
+                    state ^= state << 17;
+                    (state % 20_001) as f32 / 10_000.0 - 1.0
+                })
+                .collect();
+            let norm = v
+                .iter()
+                .map(|x| x * x)
+                .sum::<f32>()
+                .sqrt()
+                .max(f32::MIN_POSITIVE);
+            v.iter_mut().for_each(|x| *x /= norm);
+            v
+        })
+        .collect()
+}
+
+// ---------------------------------------------------------------------------------------
 // Upstreams
 
 /// Runs `serve(listener)` on its own thread and runtime until the returned guard drops, so

@@ -1,0 +1,630 @@
+//! Qdrant's gRPC API (HTTP/2 cleartext) over the store, on the message types and server
+//! traits generated in the `qdrant-client` crate. Filters are REST-only here: a gRPC request
+//! with a filter gets UNIMPLEMENTED rather than an unfiltered answer.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use qdrant_client::qdrant::{
+    self as pb, point_id::PointIdOptions, points_selector::PointsSelectorOneOf, query, value::Kind,
+    vector_input, vectors::VectorsOptions, vectors_config,
+    with_payload_selector::SelectorOptions as PayloadSel,
+    with_vectors_selector::SelectorOptions as VectorSel,
+};
+use qdrant_edge::{
+    CountRequest, NamedQuery, Payload, PointId, PointInsertOperations, PointOperations,
+    PointStructPersisted, QueryEnum, Record, ScoredPoint, ScrollRequest, SearchRequest,
+    UpdateOperation, VectorInternal, VectorPersisted, VectorStructPersisted, WithPayloadInterface,
+    WithVector,
+};
+use tonic::{Request, Response, Status};
+
+use crate::convert::dense_vector;
+use crate::store::{parse_distance, Store, StoreError, VectorParams};
+
+/// The gRPC services' shared state.
+#[derive(Clone)]
+pub struct Grpc {
+    /// The collections.
+    pub store: Arc<Store>,
+    /// Operation ids, shared with REST.
+    pub operation_ids: Arc<AtomicU64>,
+}
+
+fn status(e: StoreError) -> Status {
+    match e {
+        StoreError::NoCollection(_) => Status::not_found(e.to_string()),
+        StoreError::Exists(_) => Status::already_exists(e.to_string()),
+        StoreError::BadRequest(_) => Status::invalid_argument(e.to_string()),
+        StoreError::Internal(_) => Status::internal(e.to_string()),
+    }
+}
+
+fn no_filter(filter: &Option<pb::Filter>) -> Result<(), Status> {
+    match filter {
+        Some(_) => Err(Status::unimplemented(
+            "filters over gRPC are not implemented by embedded-qdrant (use the REST API)",
+        )),
+        None => Ok(()),
+    }
+}
+
+fn secs(started: Instant) -> f64 {
+    started.elapsed().as_secs_f64()
+}
+
+fn point_id(id: Option<&pb::PointId>) -> Result<PointId, Status> {
+    match id.and_then(|p| p.point_id_options.as_ref()) {
+        Some(PointIdOptions::Num(n)) => Ok(PointId::NumId(*n)),
+        Some(PointIdOptions::Uuid(s)) => uuid::Uuid::parse_str(s)
+            .map(PointId::Uuid)
+            .map_err(|e| Status::invalid_argument(format!("point id {s:?} is not a UUID: {e}"))),
+        None => Err(Status::invalid_argument("point id missing")),
+    }
+}
+
+fn point_id_out(id: &PointId) -> pb::PointId {
+    pb::PointId {
+        point_id_options: Some(match id {
+            PointId::NumId(n) => PointIdOptions::Num(*n),
+            PointId::Uuid(u) => PointIdOptions::Uuid(u.to_string()),
+        }),
+    }
+}
+
+fn value_to_json(v: &pb::Value) -> serde_json::Value {
+    use serde_json::Value as J;
+    match &v.kind {
+        None | Some(Kind::NullValue(_)) => J::Null,
+        Some(Kind::BoolValue(b)) => J::Bool(*b),
+        Some(Kind::IntegerValue(i)) => J::from(*i),
+        Some(Kind::DoubleValue(d)) => serde_json::Number::from_f64(*d).map_or(J::Null, J::Number),
+        Some(Kind::StringValue(s)) => J::String(s.clone()),
+        Some(Kind::StructValue(s)) => J::Object(
+            s.fields
+                .iter()
+                .map(|(k, v)| (k.clone(), value_to_json(v)))
+                .collect(),
+        ),
+        Some(Kind::ListValue(l)) => J::Array(l.values.iter().map(value_to_json).collect()),
+    }
+}
+
+fn json_to_value(v: &serde_json::Value) -> pb::Value {
+    use serde_json::Value as J;
+    let kind = match v {
+        J::Null => Kind::NullValue(0),
+        J::Bool(b) => Kind::BoolValue(*b),
+        J::Number(n) => match n.as_i64() {
+            Some(i) => Kind::IntegerValue(i),
+            None => Kind::DoubleValue(n.as_f64().unwrap_or(0.0)),
+        },
+        J::String(s) => Kind::StringValue(s.clone()),
+        J::Array(a) => Kind::ListValue(pb::ListValue {
+            values: a.iter().map(json_to_value).collect(),
+        }),
+        J::Object(o) => Kind::StructValue(pb::Struct {
+            fields: o
+                .iter()
+                .map(|(k, v)| (k.clone(), json_to_value(v)))
+                .collect(),
+        }),
+    };
+    pb::Value { kind: Some(kind) }
+}
+
+fn payload_out(p: &Option<Payload>) -> HashMap<String, pb::Value> {
+    p.as_ref()
+        .map(|p| {
+            p.0.iter()
+                .map(|(k, v)| (k.clone(), json_to_value(v)))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+// Clients before Qdrant 1.13 send dense vectors in the deprecated `data` field.
+#[allow(deprecated)]
+fn dense(v: &pb::Vector) -> Result<Vec<f32>, Status> {
+    match &v.vector {
+        Some(pb::vector::Vector::Dense(d)) => Ok(d.data.clone()),
+        Some(_) => Err(Status::invalid_argument(
+            "only dense vectors are supported by embedded-qdrant",
+        )),
+        None => Ok(v.data.clone()),
+    }
+}
+
+fn vectors_out(v: &Option<qdrant_edge::VectorStructInternal>) -> Option<pb::VectorsOutput> {
+    dense_vector(v).map(|data| pb::VectorsOutput {
+        vectors_options: Some(pb::vectors_output::VectorsOptions::Vector(
+            pb::VectorOutput {
+                vector: Some(pb::vector_output::Vector::Dense(pb::DenseVector { data })),
+                ..Default::default()
+            },
+        )),
+    })
+}
+
+fn scored_out(p: &ScoredPoint) -> pb::ScoredPoint {
+    pb::ScoredPoint {
+        id: Some(point_id_out(&p.id)),
+        payload: payload_out(&p.payload),
+        score: p.score,
+        version: p.version,
+        vectors: vectors_out(&p.vector),
+        ..Default::default()
+    }
+}
+
+fn record_out(r: &Record) -> pb::RetrievedPoint {
+    pb::RetrievedPoint {
+        id: Some(point_id_out(&r.id)),
+        payload: payload_out(&r.payload),
+        vectors: vectors_out(&r.vector),
+        ..Default::default()
+    }
+}
+
+fn with_payload(sel: &Option<pb::WithPayloadSelector>, default: bool) -> bool {
+    match sel.as_ref().and_then(|s| s.selector_options.as_ref()) {
+        Some(PayloadSel::Enable(b)) => *b,
+        Some(_) => true,
+        None => default,
+    }
+}
+
+fn with_vectors(sel: &Option<pb::WithVectorsSelector>) -> bool {
+    match sel.as_ref().and_then(|s| s.selector_options.as_ref()) {
+        Some(VectorSel::Enable(b)) => *b,
+        Some(_) => true,
+        None => false,
+    }
+}
+
+/// A nearest-vector search, as Search and Query both ask for it.
+struct Nearest {
+    vector: Vec<f32>,
+    using: Option<String>,
+    limit: usize,
+    offset: usize,
+    payload: bool,
+    vectors: bool,
+    score_threshold: Option<f32>,
+}
+
+impl Grpc {
+    pub(crate) async fn health_check(
+        &self,
+        _request: Request<pb::HealthCheckRequest>,
+    ) -> Result<Response<pb::HealthCheckReply>, Status> {
+        Ok(Response::new(pb::HealthCheckReply {
+            title: "qdrant - vector search engine (embedded-qdrant)".to_owned(),
+            version: concat!("embedded-qdrant ", env!("CARGO_PKG_VERSION")).to_owned(),
+            commit: None,
+        }))
+    }
+
+    pub(crate) async fn collection_create(
+        &self,
+        request: Request<pb::CreateCollection>,
+    ) -> Result<Response<pb::CollectionOperationResponse>, Status> {
+        let started = Instant::now();
+        let req = request.into_inner();
+        let params = match req.vectors_config.and_then(|c| c.config) {
+            Some(vectors_config::Config::Params(p)) => p,
+            Some(vectors_config::Config::ParamsMap(_)) => {
+                return Err(Status::unimplemented(
+                    "named vectors are not implemented by embedded-qdrant",
+                ))
+            }
+            None => return Err(Status::invalid_argument("vectors_config is required")),
+        };
+        let distance = pb::Distance::try_from(params.distance)
+            .ok()
+            .and_then(|d| parse_distance(d.as_str_name()))
+            .ok_or_else(|| {
+                Status::invalid_argument(format!("unknown distance {}", params.distance))
+            })?;
+        self.store
+            .create(
+                &req.collection_name,
+                VectorParams {
+                    size: params.size as usize,
+                    distance,
+                },
+            )
+            .map_err(status)?;
+        Ok(Response::new(pb::CollectionOperationResponse {
+            result: true,
+            time: secs(started),
+        }))
+    }
+
+    pub(crate) async fn collection_get(
+        &self,
+        request: Request<pb::GetCollectionInfoRequest>,
+    ) -> Result<Response<pb::GetCollectionInfoResponse>, Status> {
+        let started = Instant::now();
+        let c = self
+            .store
+            .get(&request.get_ref().collection_name)
+            .map_err(status)?;
+        let count = c.count().await.map_err(status)? as u64;
+        let distance = match c.params.distance {
+            qdrant_edge::Distance::Cosine => pb::Distance::Cosine,
+            qdrant_edge::Distance::Euclid => pb::Distance::Euclid,
+            qdrant_edge::Distance::Dot => pb::Distance::Dot,
+            qdrant_edge::Distance::Manhattan => pb::Distance::Manhattan,
+        };
+        Ok(Response::new(pb::GetCollectionInfoResponse {
+            result: Some(pb::CollectionInfo {
+                status: pb::CollectionStatus::Green as i32,
+                segments_count: c.segments() as u64,
+                points_count: Some(count),
+                indexed_vectors_count: Some(0),
+                config: Some(pb::CollectionConfig {
+                    params: Some(pb::CollectionParams {
+                        shard_number: 1,
+                        vectors_config: Some(pb::VectorsConfig {
+                            config: Some(vectors_config::Config::Params(pb::VectorParams {
+                                size: c.params.size as u64,
+                                distance: distance as i32,
+                                ..Default::default()
+                            })),
+                        }),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            time: secs(started),
+        }))
+    }
+
+    pub(crate) async fn collection_list(
+        &self,
+        _request: Request<pb::ListCollectionsRequest>,
+    ) -> Result<Response<pb::ListCollectionsResponse>, Status> {
+        let started = Instant::now();
+        Ok(Response::new(pb::ListCollectionsResponse {
+            collections: self
+                .store
+                .names()
+                .into_iter()
+                .map(|name| pb::CollectionDescription { name })
+                .collect(),
+            time: secs(started),
+        }))
+    }
+
+    pub(crate) async fn collection_delete(
+        &self,
+        request: Request<pb::DeleteCollection>,
+    ) -> Result<Response<pb::CollectionOperationResponse>, Status> {
+        let started = Instant::now();
+        let deleted = self.store.delete(&request.get_ref().collection_name);
+        Ok(Response::new(pb::CollectionOperationResponse {
+            result: deleted,
+            time: secs(started),
+        }))
+    }
+
+    pub(crate) async fn collection_collection_exists(
+        &self,
+        request: Request<pb::CollectionExistsRequest>,
+    ) -> Result<Response<pb::CollectionExistsResponse>, Status> {
+        let started = Instant::now();
+        let exists = self.store.get(&request.get_ref().collection_name).is_ok();
+        Ok(Response::new(pb::CollectionExistsResponse {
+            result: Some(pb::CollectionExists { exists }),
+            time: secs(started),
+        }))
+    }
+
+    async fn apply(
+        &self,
+        collection: &str,
+        op: UpdateOperation,
+        wait: bool,
+        started: Instant,
+    ) -> Result<Response<pb::PointsOperationResponse>, Status> {
+        let c = self.store.get(collection).map_err(status)?;
+        let operation_id = self.operation_ids.fetch_add(1, Ordering::Relaxed);
+        c.update(op, wait).await.map_err(status)?;
+        let update_status = if wait {
+            pb::UpdateStatus::Completed
+        } else {
+            pb::UpdateStatus::Acknowledged
+        };
+        Ok(Response::new(pb::PointsOperationResponse {
+            result: Some(pb::UpdateResult {
+                operation_id: Some(operation_id),
+                status: update_status as i32,
+            }),
+            time: secs(started),
+            usage: None,
+        }))
+    }
+
+    pub(crate) async fn points_upsert(
+        &self,
+        request: Request<pb::UpsertPoints>,
+    ) -> Result<Response<pb::PointsOperationResponse>, Status> {
+        let started = Instant::now();
+        let req = request.into_inner();
+        if req.update_filter.is_some() {
+            return Err(Status::unimplemented(
+                "conditional upserts are not implemented by embedded-qdrant",
+            ));
+        }
+        let mut points = Vec::with_capacity(req.points.len());
+        for p in req.points {
+            let vector = match p.vectors.and_then(|v| v.vectors_options) {
+                Some(VectorsOptions::Vector(v)) => VectorStructPersisted::Single(dense(&v)?),
+                Some(VectorsOptions::Vectors(named)) => {
+                    let mut map = HashMap::with_capacity(named.vectors.len());
+                    for (name, v) in named.vectors {
+                        map.insert(name, VectorPersisted::Dense(dense(&v)?));
+                    }
+                    VectorStructPersisted::Named(map)
+                }
+                None => return Err(Status::invalid_argument("a point without vectors")),
+            };
+            let payload = (!p.payload.is_empty()).then(|| {
+                Payload(
+                    p.payload
+                        .iter()
+                        .map(|(k, v)| (k.clone(), value_to_json(v)))
+                        .collect(),
+                )
+            });
+            points.push(PointStructPersisted {
+                id: point_id(p.id.as_ref())?,
+                vector,
+                payload,
+            });
+        }
+        let op = UpdateOperation::PointOperation(PointOperations::UpsertPoints(
+            PointInsertOperations::PointsList(points),
+        ));
+        self.apply(&req.collection_name, op, req.wait.unwrap_or(false), started)
+            .await
+    }
+
+    pub(crate) async fn points_delete(
+        &self,
+        request: Request<pb::DeletePoints>,
+    ) -> Result<Response<pb::PointsOperationResponse>, Status> {
+        let started = Instant::now();
+        let req = request.into_inner();
+        let ids = match req.points.and_then(|p| p.points_selector_one_of) {
+            Some(PointsSelectorOneOf::Points(list)) => list
+                .ids
+                .iter()
+                .map(|id| point_id(Some(id)))
+                .collect::<Result<Vec<_>, _>>()?,
+            Some(PointsSelectorOneOf::Filter(_)) => {
+                return Err(Status::unimplemented(
+                    "delete by filter over gRPC is not implemented by embedded-qdrant",
+                ))
+            }
+            None => return Err(Status::invalid_argument("points selector missing")),
+        };
+        let op = UpdateOperation::PointOperation(PointOperations::DeletePoints { ids });
+        self.apply(&req.collection_name, op, req.wait.unwrap_or(false), started)
+            .await
+    }
+
+    pub(crate) async fn points_get(
+        &self,
+        request: Request<pb::GetPoints>,
+    ) -> Result<Response<pb::GetResponse>, Status> {
+        let started = Instant::now();
+        let req = request.into_inner();
+        let ids = req
+            .ids
+            .iter()
+            .map(|id| point_id(Some(id)))
+            .collect::<Result<Vec<_>, _>>()?;
+        let c = self.store.get(&req.collection_name).map_err(status)?;
+        let records = c
+            .retrieve(
+                ids,
+                with_payload(&req.with_payload, true),
+                with_vectors(&req.with_vectors),
+            )
+            .await
+            .map_err(status)?;
+        Ok(Response::new(pb::GetResponse {
+            result: records.iter().map(record_out).collect(),
+            time: secs(started),
+            usage: None,
+        }))
+    }
+
+    async fn nearest(&self, collection: &str, q: Nearest) -> Result<Vec<pb::ScoredPoint>, Status> {
+        let Nearest {
+            vector,
+            using,
+            limit,
+            offset,
+            payload,
+            vectors,
+            score_threshold,
+        } = q;
+        let c = self.store.get(collection).map_err(status)?;
+        if vector.len() != c.params.size {
+            return Err(Status::invalid_argument(format!(
+                "Wrong input: Vector dimension error: expected dim: {}, got {}",
+                c.params.size,
+                vector.len()
+            )));
+        }
+        let points = c
+            .search(SearchRequest {
+                query: QueryEnum::Nearest(NamedQuery {
+                    query: VectorInternal::Dense(vector),
+                    using: using.filter(|u| !u.is_empty()),
+                }),
+                filter: None,
+                params: None,
+                limit,
+                offset,
+                with_payload: Some(WithPayloadInterface::Bool(payload)),
+                with_vector: Some(WithVector::Bool(vectors)),
+                score_threshold,
+            })
+            .await
+            .map_err(status)?;
+        Ok(points.iter().map(scored_out).collect())
+    }
+
+    pub(crate) async fn points_search(
+        &self,
+        request: Request<pb::SearchPoints>,
+    ) -> Result<Response<pb::SearchResponse>, Status> {
+        let started = Instant::now();
+        let req = request.into_inner();
+        no_filter(&req.filter)?;
+        let result = self
+            .nearest(
+                &req.collection_name,
+                Nearest {
+                    vector: req.vector,
+                    using: req.vector_name,
+                    limit: req.limit as usize,
+                    offset: req.offset.unwrap_or(0) as usize,
+                    payload: with_payload(&req.with_payload, false),
+                    vectors: with_vectors(&req.with_vectors),
+                    score_threshold: req.score_threshold,
+                },
+            )
+            .await?;
+        Ok(Response::new(pb::SearchResponse {
+            result,
+            time: secs(started),
+            usage: None,
+        }))
+    }
+
+    pub(crate) async fn points_query(
+        &self,
+        request: Request<pb::QueryPoints>,
+    ) -> Result<Response<pb::QueryResponse>, Status> {
+        let started = Instant::now();
+        let req = request.into_inner();
+        no_filter(&req.filter)?;
+        if !req.prefetch.is_empty() {
+            return Err(Status::unimplemented(
+                "prefetch queries are not implemented by embedded-qdrant",
+            ));
+        }
+        let vector = match req.query.and_then(|q| q.variant) {
+            Some(query::Variant::Nearest(input)) => match input.variant {
+                Some(vector_input::Variant::Dense(d)) => d.data,
+                Some(vector_input::Variant::Id(id)) => {
+                    let id = point_id(Some(&id))?;
+                    let c = self.store.get(&req.collection_name).map_err(status)?;
+                    let records = c.retrieve(vec![id], false, true).await.map_err(status)?;
+                    records
+                        .first()
+                        .and_then(|r| dense_vector(&r.vector))
+                        .ok_or_else(|| Status::not_found("no point with that id"))?
+                }
+                _ => {
+                    return Err(Status::unimplemented(
+                        "only dense vectors and point ids are supported as nearest queries",
+                    ))
+                }
+            },
+            Some(_) => {
+                return Err(Status::unimplemented(
+                    "only nearest-vector queries are implemented by embedded-qdrant",
+                ))
+            }
+            None => return Err(Status::invalid_argument("query missing")),
+        };
+        let result = self
+            .nearest(
+                &req.collection_name,
+                Nearest {
+                    vector,
+                    using: req.using,
+                    limit: req.limit.unwrap_or(10) as usize,
+                    offset: req.offset.unwrap_or(0) as usize,
+                    payload: with_payload(&req.with_payload, false),
+                    vectors: with_vectors(&req.with_vectors),
+                    score_threshold: req.score_threshold,
+                },
+            )
+            .await?;
+        Ok(Response::new(pb::QueryResponse {
+            result,
+            time: secs(started),
+            usage: None,
+        }))
+    }
+
+    pub(crate) async fn points_count(
+        &self,
+        request: Request<pb::CountPoints>,
+    ) -> Result<Response<pb::CountResponse>, Status> {
+        let started = Instant::now();
+        let req = request.into_inner();
+        no_filter(&req.filter)?;
+        let c = self.store.get(&req.collection_name).map_err(status)?;
+        let count = c
+            .count_filtered(CountRequest {
+                filter: None,
+                exact: req.exact.unwrap_or(true),
+            })
+            .await
+            .map_err(status)?;
+        Ok(Response::new(pb::CountResponse {
+            result: Some(pb::CountResult {
+                count: count as u64,
+            }),
+            time: secs(started),
+            usage: None,
+        }))
+    }
+
+    pub(crate) async fn points_scroll(
+        &self,
+        request: Request<pb::ScrollPoints>,
+    ) -> Result<Response<pb::ScrollResponse>, Status> {
+        let started = Instant::now();
+        let req = request.into_inner();
+        no_filter(&req.filter)?;
+        let offset = req
+            .offset
+            .as_ref()
+            .map(|id| point_id(Some(id)))
+            .transpose()?;
+        let c = self.store.get(&req.collection_name).map_err(status)?;
+        let (records, next) = c
+            .scroll(ScrollRequest {
+                offset,
+                limit: Some(req.limit.unwrap_or(10) as usize),
+                filter: None,
+                with_payload: Some(WithPayloadInterface::Bool(with_payload(
+                    &req.with_payload,
+                    true,
+                ))),
+                with_vector: WithVector::Bool(with_vectors(&req.with_vectors)),
+                order_by: None,
+            })
+            .await
+            .map_err(status)?;
+        Ok(Response::new(pb::ScrollResponse {
+            next_page_offset: next.as_ref().map(point_id_out),
+            result: records.iter().map(record_out).collect(),
+            time: secs(started),
+            usage: None,
+        }))
+    }
+}

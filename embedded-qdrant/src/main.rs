@@ -1,0 +1,147 @@
+//! `embedded-qdrant`: a Qdrant-compatible server (REST on HTTP/1.1, gRPC on h2c) backed by
+//! Qdrant's own storage engine (the `qdrant-edge` crate), so the benchmark's main job runs
+//! where no Qdrant server or container engine is installed.
+
+mod convert;
+mod grpc;
+mod grpc_stubs;
+mod rest;
+mod store;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
+
+use clap::Parser;
+use tokio_util::sync::CancellationToken;
+
+/// A Qdrant-compatible REST and gRPC server on Qdrant's engine.
+#[derive(Debug, Parser)]
+#[command(name = "embedded-qdrant", version, about)]
+struct Args {
+    /// REST (HTTP/1.1) listen address.
+    #[arg(long, default_value = "127.0.0.1:6333")]
+    rest: SocketAddr,
+    /// gRPC (HTTP/2 cleartext) listen address.
+    #[arg(long, default_value = "127.0.0.1:6334")]
+    grpc: SocketAddr,
+    /// Data folder (created if missing); collections persist here across restarts.
+    #[arg(long, default_value = "./embedded-qdrant-data")]
+    data: PathBuf,
+    /// Write the bound addresses as JSON here once listening (useful with port 0).
+    #[arg(long)]
+    ready_file: Option<PathBuf>,
+    /// Log filter (RUST_LOG wins).
+    #[arg(long, default_value = "info")]
+    log_level: String,
+}
+
+fn main() -> std::process::ExitCode {
+    let args = Args::parse();
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(&args.log_level));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .init();
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("embedded-qdrant: error: cannot start the runtime: {e}");
+            return std::process::ExitCode::from(1);
+        }
+    };
+    match rt.block_on(run(args)) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("embedded-qdrant: error: {e:#}");
+            std::process::ExitCode::from(1)
+        }
+    }
+}
+
+async fn run(args: Args) -> anyhow::Result<()> {
+    let store = Arc::new(tokio::task::block_in_place(|| {
+        store::Store::open(&args.data)
+    })?);
+    let operation_ids = Arc::new(AtomicU64::new(0));
+    let rest_listener = tokio::net::TcpListener::bind(args.rest)
+        .await
+        .map_err(|e| anyhow::anyhow!("--rest {}: {e}", args.rest))?;
+    let grpc_listener = tokio::net::TcpListener::bind(args.grpc)
+        .await
+        .map_err(|e| anyhow::anyhow!("--grpc {}: {e}", args.grpc))?;
+    let rest_addr = rest_listener.local_addr()?;
+    let grpc_addr = grpc_listener.local_addr()?;
+    let shutdown = CancellationToken::new();
+
+    let rest_task = tokio::spawn(rest::serve(
+        rest_listener,
+        Arc::new(rest::Rest {
+            store: store.clone(),
+            operation_ids: operation_ids.clone(),
+        }),
+        shutdown.clone(),
+    ));
+    let service = grpc::Grpc {
+        store: store.clone(),
+        operation_ids,
+    };
+    // One UPSERT_100 of 1024-d vectors is ~450 KB of protobuf; allow large batches.
+    const MAX_GRPC_MESSAGE: usize = 256 * 1024 * 1024;
+    let grpc_shutdown = shutdown.clone();
+    let grpc_task = tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(
+                qdrant_client::qdrant::qdrant_server::QdrantServer::new(service.clone())
+                    .max_decoding_message_size(MAX_GRPC_MESSAGE),
+            )
+            .add_service(
+                qdrant_client::qdrant::collections_server::CollectionsServer::new(service.clone())
+                    .max_decoding_message_size(MAX_GRPC_MESSAGE),
+            )
+            .add_service(
+                qdrant_client::qdrant::points_server::PointsServer::new(service)
+                    .max_decoding_message_size(MAX_GRPC_MESSAGE)
+                    .max_encoding_message_size(MAX_GRPC_MESSAGE),
+            )
+            .serve_with_incoming_shutdown(
+                tokio_stream::wrappers::TcpListenerStream::new(grpc_listener),
+                grpc_shutdown.cancelled_owned(),
+            ),
+    );
+    if let Some(path) = &args.ready_file {
+        let doc = serde_json::json!({"rest": rest_addr.to_string(), "grpc": grpc_addr.to_string(), "pid": std::process::id()});
+        let tmp = path.with_extension("tmp");
+        std::fs::write(&tmp, doc.to_string())?;
+        std::fs::rename(&tmp, path)?;
+    }
+    tracing::info!(rest = %rest_addr, grpc = %grpc_addr, data = %args.data.display(), "embedded-qdrant serving");
+
+    let signal = wait_for_signal().await;
+    tracing::info!(
+        signal,
+        "shutting down: finishing requests and flushing collections"
+    );
+    shutdown.cancel();
+    let _ = rest_task.await;
+    let _ = grpc_task.await;
+    store.flush_all().await;
+    tracing::info!("flushed; bye");
+    Ok(())
+}
+
+async fn wait_for_signal() -> &'static str {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate()).expect("installing a SIGTERM handler");
+    let mut int = signal(SignalKind::interrupt()).expect("installing a SIGINT handler");
+    tokio::select! {
+        _ = term.recv() => "SIGTERM",
+        _ = int.recv() => "SIGINT",
+    }
+}

@@ -4,8 +4,9 @@
 
 use e2e::*;
 use qdrant_client::qdrant::{
-    CountPointsBuilder, CreateCollectionBuilder, Distance, GetPointsBuilder, PointStruct,
-    QueryPointsBuilder, UpsertPointsBuilder, VectorParamsBuilder,
+    CountPointsBuilder, CreateCollectionBuilder, CreateFieldIndexCollectionBuilder, Distance,
+    FieldType, GetPointsBuilder, PointStruct, QueryPointsBuilder, UpsertPointsBuilder,
+    VectorParamsBuilder,
 };
 use qdrant_client::{Payload, Qdrant};
 use serde_json::json;
@@ -92,8 +93,19 @@ async fn official_client_over_grpc() {
         .await
         .unwrap_err();
     assert!(err.to_string().contains("doesn't exist"), "{err}");
-    let err = client.list_snapshots("vectors").await.unwrap_err();
-    assert!(err.to_string().contains("not implemented"), "{err}");
+    let err = client
+        .create_field_index(CreateFieldIndexCollectionBuilder::new(
+            "vectors",
+            "doc",
+            FieldType::Keyword,
+        ))
+        .await
+        .unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("qdrant.Points/CreateFieldIndex is not implemented"),
+        "{err}"
+    );
 
     client.delete_collection("vectors").await.unwrap();
     assert!(!client.collection_exists("vectors").await.unwrap());

@@ -128,9 +128,10 @@ struct UpsertBody {
     op: PointInsertOperations,
 }
 
+/// What search and query bodies share.
 #[derive(Deserialize)]
-struct SearchBody {
-    vector: VectorInput,
+struct NearestOptions {
+    #[serde(default = "default_limit")]
     limit: usize,
     #[serde(default)]
     offset: usize,
@@ -139,6 +140,31 @@ struct SearchBody {
     #[serde(alias = "with_vectors")]
     with_vector: Option<WithVector>,
     score_threshold: Option<f32>,
+}
+
+impl NearestOptions {
+    fn request(self, vector: Vec<f32>, using: Option<String>) -> SearchRequest {
+        SearchRequest {
+            query: QueryEnum::Nearest(NamedQuery {
+                query: VectorInternal::Dense(vector),
+                using,
+            }),
+            filter: self.filter,
+            params: None,
+            limit: self.limit,
+            offset: self.offset,
+            with_payload: self.with_payload,
+            with_vector: self.with_vector,
+            score_threshold: self.score_threshold,
+        }
+    }
+}
+
+#[derive(Deserialize)]
+struct SearchBody {
+    vector: VectorInput,
+    #[serde(flatten)]
+    options: NearestOptions,
 }
 
 #[derive(Deserialize)]
@@ -152,16 +178,9 @@ enum QueryInput {
 #[derive(Deserialize)]
 struct QueryBody {
     query: QueryInput,
-    #[serde(default = "default_limit")]
-    limit: usize,
-    #[serde(default)]
-    offset: usize,
     using: Option<String>,
-    filter: Option<Filter>,
-    with_payload: Option<WithPayloadInterface>,
-    #[serde(alias = "with_vectors")]
-    with_vector: Option<WithVector>,
-    score_threshold: Option<f32>,
+    #[serde(flatten)]
+    options: NearestOptions,
 }
 
 fn default_limit() -> usize {
@@ -325,19 +344,7 @@ impl Rest {
                     VectorInput::Plain(v) => (None, v),
                     VectorInput::Named { name, vector } => (Some(name), vector),
                 };
-                let request = SearchRequest {
-                    query: QueryEnum::Nearest(NamedQuery {
-                        query: VectorInternal::Dense(vector),
-                        using,
-                    }),
-                    filter: parsed.filter,
-                    params: None,
-                    limit: parsed.limit,
-                    offset: parsed.offset,
-                    with_payload: parsed.with_payload,
-                    with_vector: parsed.with_vector,
-                    score_threshold: parsed.score_threshold,
-                };
+                let request = parsed.options.request(vector, using);
                 self.search(name, request, started, false).await
             }
             (Method::POST, ["collections", name, "points", "query"]) => {
@@ -352,19 +359,7 @@ impl Rest {
                         Err(r) => return r(started),
                     },
                 };
-                let request = SearchRequest {
-                    query: QueryEnum::Nearest(NamedQuery {
-                        query: VectorInternal::Dense(vector),
-                        using: parsed.using,
-                    }),
-                    filter: parsed.filter,
-                    params: None,
-                    limit: parsed.limit,
-                    offset: parsed.offset,
-                    with_payload: parsed.with_payload,
-                    with_vector: parsed.with_vector,
-                    score_threshold: parsed.score_threshold,
-                };
+                let request = parsed.options.request(vector, parsed.using);
                 self.search(name, request, started, true).await
             }
             (Method::POST, ["collections", name, "points", "count"]) => {

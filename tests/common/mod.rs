@@ -134,41 +134,25 @@ impl ProxyProcess {
             cmd.args(["--admin", "127.0.0.1:0"]);
         }
         let mut child = cmd.spawn().expect("spawn proxy");
-        let deadline = Instant::now() + WAIT;
-        loop {
-            if let Ok(text) = std::fs::read_to_string(&ready) {
-                let v: serde_json::Value = serde_json::from_str(&text).expect("ready file is JSON");
-                let addr = v["listeners"]
-                    .as_object()
-                    .and_then(|m| m.values().next())
-                    .and_then(|a| a.as_str())
-                    .expect("a listener address")
-                    .parse()
-                    .expect("socket address");
-                let admin = v["admin"]
-                    .as_str()
-                    .expect("admin address")
-                    .parse()
-                    .expect("admin addr");
-                return Self {
-                    child,
-                    addr,
-                    admin,
-                    log,
-                    dir,
-                };
-            }
-            if let Ok(Some(status)) = child.try_wait() {
-                panic!(
-                    "proxy exited during start-up ({status}):\n{}",
-                    std::fs::read_to_string(&log).unwrap_or_default()
-                );
-            }
-            assert!(
-                Instant::now() < deadline,
-                "proxy did not become ready in {WAIT:?}"
-            );
-            std::thread::sleep(Duration::from_millis(20));
+        let v = wait_ready(&mut child, &ready, &log, "proxy");
+        let addr = v["listeners"]
+            .as_object()
+            .and_then(|m| m.values().next())
+            .and_then(|a| a.as_str())
+            .expect("a listener address")
+            .parse()
+            .expect("socket address");
+        let admin = v["admin"]
+            .as_str()
+            .expect("admin address")
+            .parse()
+            .expect("admin addr");
+        Self {
+            child,
+            addr,
+            admin,
+            log,
+            dir,
         }
     }
 
@@ -236,6 +220,28 @@ impl Drop for ProxyProcess {
         let _ = self.child.kill();
         let _ = self.child.wait();
         let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Waits (bounded) for a started server's ready file and returns its JSON; panics with
+/// the server's log if it exits first.
+fn wait_ready(child: &mut Child, ready: &Path, log: &Path, what: &str) -> serde_json::Value {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        if let Ok(text) = std::fs::read_to_string(ready) {
+            return serde_json::from_str(&text).expect("ready file is JSON");
+        }
+        if let Ok(Some(status)) = child.try_wait() {
+            panic!(
+                "{what} exited during start-up ({status}):\n{}",
+                std::fs::read_to_string(log).unwrap_or_default()
+            );
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{what} did not become ready in {WAIT:?}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
     }
 }
 
@@ -346,29 +352,13 @@ impl EmbeddedQdrant {
             .stderr(std::fs::File::create(&log).expect("log file"))
             .spawn()
             .expect("spawn embedded-qdrant");
-        let deadline = Instant::now() + WAIT;
-        loop {
-            if let Ok(text) = std::fs::read_to_string(&ready) {
-                let v: serde_json::Value = serde_json::from_str(&text).expect("ready JSON");
-                return Self {
-                    child,
-                    rest: v["rest"].as_str().expect("rest").parse().expect("addr"),
-                    grpc: v["grpc"].as_str().expect("grpc").parse().expect("addr"),
-                    data: data.to_owned(),
-                    log,
-                };
-            }
-            if let Ok(Some(status)) = child.try_wait() {
-                panic!(
-                    "embedded-qdrant exited during start-up ({status}):\n{}",
-                    std::fs::read_to_string(&log).unwrap_or_default()
-                );
-            }
-            assert!(
-                Instant::now() < deadline,
-                "embedded-qdrant did not start in {WAIT:?}"
-            );
-            std::thread::sleep(Duration::from_millis(20));
+        let v = wait_ready(&mut child, &ready, &log, "embedded-qdrant");
+        Self {
+            child,
+            rest: v["rest"].as_str().expect("rest").parse().expect("addr"),
+            grpc: v["grpc"].as_str().expect("grpc").parse().expect("addr"),
+            data: data.to_owned(),
+            log,
         }
     }
 

@@ -168,6 +168,30 @@ fn a_provider_that_cannot_sign_fails_the_start_up_proof() {
         out.contains(r#"fetched from OpenSSL provider "default", not "legacy""#),
         "{out}"
     );
+
+    // check-config runs the same proof.
+    let (cert, key) = server_cert(CertAlgorithmName::EcdsaP256);
+    let dir = temp_dir("qat-check");
+    let file = dir.join("proxy.toml");
+    let write = |name: &str| {
+        let text = format!(
+            "provider = \"openssl-qat\"\n[qat]\nprovider_name = \"{name}\"\nmodule_path = \"{modules}\"\n\
+             [[listener]]\nlisten = \"127.0.0.1:0\"\ncert = \"{}\"\nkey = \"{}\"\nupstream = \"http://127.0.0.1:6333\"\n",
+            cert.display(),
+            key.display()
+        );
+        std::fs::write(&file, text).unwrap();
+    };
+    let f = file.display().to_string();
+    write("legacy");
+    let (status, out) = run_proxy_to_exit(&["check-config", &f]);
+    assert_eq!(status.code(), Some(2), "{out}");
+    assert!(out.contains("start-up proof failed"), "{out}");
+    write("default");
+    let (status, out) = run_proxy_to_exit(&["check-config", &f]);
+    assert!(status.success(), "{out}");
+    assert!(out.contains(r#"provider_name = "default""#), "{out}");
+    std::fs::remove_dir_all(&dir).ok();
 }
 
 #[test]

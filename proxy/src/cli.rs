@@ -448,15 +448,32 @@ fn check_config(args: CheckConfigArgs) -> ExitCode {
         Ok(()) => Vec::new(),
         Err(e) => e.problems,
     };
-    // Beyond syntax: load every listener's key material with its provider, as `run` would.
+    // Beyond syntax: load every listener's key material with its provider, as `run` would
+    // (for openssl-qat that includes loading the QAT provider and its start-up proof).
+    let qat_state = if config.uses_qat() {
+        match crate::crypto::qat::activate(&config.qat) {
+            Ok(state) => Some(state),
+            Err(e) if config.qat.fallback == crate::crypto::qat::Fallback::Software => {
+                eprintln!("proxy: warning: QAT offload would be off (software fallback): {e}");
+                None
+            }
+            Err(e) => {
+                problems.push(format!("openssl-qat: {e}"));
+                None
+            }
+        }
+    } else {
+        None
+    };
     for (i, lc) in config.listeners.iter().enumerate() {
         if !lc.cert.is_file() || !lc.key.is_file() {
             continue;
         }
-        let provider = match crate::crypto::Provider::new(
-            lc.provider.unwrap_or(config.provider),
-            &lc.tls.kx_groups,
-        ) {
+        let mut provider_name = lc.provider.unwrap_or(config.provider);
+        if provider_name == ProviderName::OpensslQat && qat_state.is_none() {
+            provider_name = ProviderName::Openssl;
+        }
+        let provider = match crate::crypto::Provider::new(provider_name, &lc.tls.kx_groups) {
             Ok(p) => p,
             Err(e) => {
                 problems.push(format!("listener[{i}]: {e}"));
@@ -467,6 +484,11 @@ fn check_config(args: CheckConfigArgs) -> ExitCode {
             Ok(cert) => {
                 if let Err(e) = crate::tls::server_config(&provider, &cert, &lc.tls, &[]) {
                     problems.push(format!("listener[{i}]: {e}"));
+                }
+                if let (ProviderName::OpensslQat, Some(state)) = (provider_name, &qat_state) {
+                    if let Err(e) = state.prove_signing(&lc.key) {
+                        problems.push(format!("listener[{i}]: openssl-qat: {e}"));
+                    }
                 }
             }
             Err(e) => problems.push(format!("listener[{i}]: {e}")),

@@ -7,27 +7,6 @@ use bytes::Bytes;
 use e2e::*;
 use proxy::crypto::{CertAlgorithmName, ProviderName};
 
-fn run_args(cert: &str, key: &str, extra: &[&str]) -> Vec<String> {
-    let mut v: Vec<String> = [
-        "run",
-        "--listen",
-        "127.0.0.1:0",
-        "--admin",
-        "127.0.0.1:0",
-        "--upstream",
-        "http://127.0.0.1:1",
-        "--cert",
-        cert,
-        "--key",
-        key,
-    ]
-    .iter()
-    .map(|s| (*s).to_owned())
-    .collect();
-    v.extend(extra.iter().map(|s| (*s).to_owned()));
-    v
-}
-
 fn expect_failure(args: &[String], code: i32, needles: &[&str]) {
     let argv: Vec<&str> = args.iter().map(String::as_str).collect();
     let (status, out) = run_proxy_to_exit(&argv);
@@ -49,28 +28,28 @@ fn startup_errors_name_the_problem() {
 
     // Missing key file.
     expect_failure(
-        &run_args(&cert, "/nonexistent/server.key", &[]),
+        &startup_run_args(&cert, "/nonexistent/server.key", &[]),
         2,
         &["listener[0].key", "/nonexistent/server.key"],
     );
     // A key that does not belong to the certificate, for every software provider.
     for p in ["ring", "aws-lc-rs", "openssl"] {
         expect_failure(
-            &run_args(&cert, &other_key, &["--provider", p]),
+            &startup_run_args(&cert, &other_key, &["--provider", p]),
             1,
             &["does not match", "ecdsa-p256.key", "rsa2048.crt"],
         );
     }
     // Unknown provider.
     expect_failure(
-        &run_args(&cert, &key, &["--provider", "boringssl"]),
+        &startup_run_args(&cert, &key, &["--provider", "boringssl"]),
         2,
         &["boringssl"],
     );
     // The QAT provider asked for where it is not installed: a clear refusal naming what was
     // looked for, never a silent fallback.
     expect_failure(
-        &run_args(&cert, &key, &["--provider", "openssl-qat"]),
+        &startup_run_args(&cert, &key, &["--provider", "openssl-qat"]),
         1,
         &[
             r#"cannot load OpenSSL provider "qatprovider""#,
@@ -80,7 +59,7 @@ fn startup_errors_name_the_problem() {
     // Port in use.
     let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let port = taken.local_addr().unwrap().to_string();
-    let mut args = run_args(&cert, &key, &[]);
+    let mut args = startup_run_args(&cert, &key, &[]);
     args[2] = port.clone();
     expect_failure(&args, 1, &[&format!("cannot listen on {port}"), "in use"]);
     // Bad TOML.

@@ -132,24 +132,15 @@ async fn default_provider_stands_in_for_qat_and_signs_every_handshake() {
 
 fn start_failure(extra: &[&str]) -> (i32, String) {
     let (cert, key) = server_cert(CertAlgorithmName::Rsa2048);
-    let (cert, key) = (cert.display().to_string(), key.display().to_string());
-    let mut args = vec![
-        "run",
-        "--listen",
-        "127.0.0.1:0",
-        "--admin",
-        "127.0.0.1:0",
-        "--upstream",
-        "http://127.0.0.1:1",
-        "--provider",
-        "openssl-qat",
-        "--cert",
-        &cert,
-        "--key",
-        &key,
-    ];
-    args.extend_from_slice(extra);
-    let (status, out) = run_proxy_to_exit(&args);
+    let mut flags = vec!["--provider", "openssl-qat"];
+    flags.extend_from_slice(extra);
+    let args = startup_run_args(
+        &cert.display().to_string(),
+        &key.display().to_string(),
+        &flags,
+    );
+    let argv: Vec<&str> = args.iter().map(String::as_str).collect();
+    let (status, out) = run_proxy_to_exit(&argv);
     (status.code().unwrap_or(-1), out)
 }
 

@@ -245,6 +245,30 @@ fn wait_ready(child: &mut Child, ready: &Path, log: &Path, what: &str) -> serde_
     }
 }
 
+/// `run` arguments for a proxy expected to stop at start-up: loopback port 0 for the
+/// listener and admin port, an upstream nobody listens on, the given cert and key, then
+/// `extra` (which may repeat a flag; the last one wins).
+pub fn startup_run_args(cert: &str, key: &str, extra: &[&str]) -> Vec<String> {
+    let mut v: Vec<String> = [
+        "run",
+        "--listen",
+        "127.0.0.1:0",
+        "--admin",
+        "127.0.0.1:0",
+        "--upstream",
+        "http://127.0.0.1:1",
+        "--cert",
+        cert,
+        "--key",
+        key,
+    ]
+    .iter()
+    .map(|s| (*s).to_owned())
+    .collect();
+    v.extend(extra.iter().map(|s| (*s).to_owned()));
+    v
+}
+
 /// Runs the proxy binary to completion with `args` (bounded), returning its exit status
 /// and stderr.
 pub fn run_proxy_to_exit(args: &[&str]) -> (ExitStatus, String) {

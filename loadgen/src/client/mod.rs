@@ -1,0 +1,404 @@
+//! The workload's client: where the target is, how a connection is opened (TCP, then TLS
+//! with the chosen provider), and how one prepared request is sent on it over HTTP/1.1
+//! (REST) or HTTP/2 (gRPC), with every failure sorted into a kind.
+
+pub mod http;
+pub mod qdrant;
+pub mod tls;
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, Context, Result};
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::client::conn::{http1, http2};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use rustls::pki_types::ServerName;
+use rustls::ClientConfig;
+use serde::{Deserialize, Serialize};
+use tokio::net::TcpStream;
+
+/// Which API the workload speaks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum Protocol {
+    /// Qdrant REST: JSON over HTTP/1.1.
+    Rest,
+    /// Qdrant gRPC: protobuf over HTTP/2.
+    Grpc,
+}
+
+impl Protocol {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Rest => "rest",
+            Self::Grpc => "grpc",
+        }
+    }
+}
+
+/// Where the load goes: `HOST:PORT`, `https://HOST:PORT` or `http://HOST:PORT` (plaintext,
+/// for a baseline straight at Qdrant).
+#[derive(Clone, Debug, Serialize)]
+pub struct Target {
+    pub host: String,
+    pub port: u16,
+    pub tls: bool,
+}
+
+impl Target {
+    pub fn parse(s: &str) -> Result<Self> {
+        let (tls, rest) = if let Some(r) = s.strip_prefix("https://") {
+            (true, r)
+        } else if let Some(r) = s.strip_prefix("http://") {
+            (false, r)
+        } else if s.contains("://") {
+            bail!("--target {s:?}: only http:// and https:// URLs are understood");
+        } else {
+            (true, s)
+        };
+        let rest = rest.trim_end_matches('/');
+        let (host, port) = rest
+            .rsplit_once(':')
+            .ok_or_else(|| anyhow!("--target {s:?}: expected HOST:PORT or a URL with a port"))?;
+        let port: u16 = port
+            .parse()
+            .map_err(|_| anyhow!("--target {s:?}: {port:?} is not a port number"))?;
+        let host = host
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .to_owned();
+        if host.is_empty() {
+            bail!("--target {s:?}: empty host");
+        }
+        Ok(Self { host, port, tls })
+    }
+
+    /// The protocol a Qdrant port implies: 6334 is gRPC, anything else REST.
+    pub fn default_protocol(&self) -> Protocol {
+        if self.port == 6334 {
+            Protocol::Grpc
+        } else {
+            Protocol::Rest
+        }
+    }
+
+    pub async fn resolve(&self) -> Result<SocketAddr> {
+        tokio::net::lookup_host((self.host.as_str(), self.port))
+            .await
+            .with_context(|| format!("resolving {}", self))?
+            .next()
+            .ok_or_else(|| anyhow!("{} resolves to no address", self))
+    }
+
+    pub fn authority(&self) -> String {
+        if self.host.contains(':') {
+            format!("[{}]:{}", self.host, self.port)
+        } else {
+            format!("{}:{}", self.host, self.port)
+        }
+    }
+}
+
+impl fmt::Display for Target {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{}://{}",
+            if self.tls { "https" } else { "http" },
+            self.authority()
+        )
+    }
+}
+
+/// Why a request failed; the result counts each kind separately.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum FailureKind {
+    Connect,
+    Tls,
+    Timeout,
+    HttpStatus(u16),
+    GrpcStatus(u32),
+    /// The connection broke mid-request, or the answer was not HTTP.
+    Protocol,
+}
+
+impl fmt::Display for FailureKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Connect => f.write_str("connect"),
+            Self::Tls => f.write_str("tls"),
+            Self::Timeout => f.write_str("timeout"),
+            Self::HttpStatus(s) => write!(f, "http_{s}"),
+            Self::GrpcStatus(c) => write!(f, "grpc_{c}"),
+            Self::Protocol => f.write_str("protocol"),
+        }
+    }
+}
+
+/// A failure and its first message (kept for the summary).
+#[derive(Debug)]
+pub struct Failure {
+    pub kind: FailureKind,
+    pub message: String,
+}
+
+impl Failure {
+    fn new(kind: FailureKind, message: impl fmt::Display) -> Self {
+        Self {
+            kind,
+            message: message.to_string(),
+        }
+    }
+}
+
+/// Opens connections to the target, the same way every time.
+pub struct Connector {
+    pub addr: SocketAddr,
+    pub target: Target,
+    pub protocol: Protocol,
+    tls: Option<(tokio_rustls::TlsConnector, ServerName<'static>)>,
+    authority: ::http::uri::Authority,
+}
+
+/// What a fresh connection cost.
+pub struct Opened {
+    pub conn: Conn,
+    /// TCP connect + TLS handshake.
+    pub handshake: Duration,
+    pub resumed: bool,
+}
+
+impl Connector {
+    pub async fn new(
+        target: Target,
+        protocol: Protocol,
+        tls: Option<Arc<ClientConfig>>,
+        server_name: Option<&str>,
+    ) -> Result<Self> {
+        let addr = target.resolve().await?;
+        let tls = match (target.tls, tls) {
+            (true, Some(config)) => {
+                let name = server_name.unwrap_or(&target.host).to_owned();
+                let name = ServerName::try_from(name.clone())
+                    .map_err(|e| anyhow!("bad TLS server name {name:?}: {e}"))?;
+                Some((tokio_rustls::TlsConnector::from(config), name))
+            }
+            (true, None) => bail!("TLS target but no TLS configuration"),
+            (false, _) => None,
+        };
+        let authority = target.authority().parse().context("target authority")?;
+        Ok(Self {
+            addr,
+            target,
+            protocol,
+            tls,
+            authority,
+        })
+    }
+
+    pub fn authority(&self) -> &::http::uri::Authority {
+        &self.authority
+    }
+
+    pub async fn open(&self) -> Result<Opened, Failure> {
+        let start = Instant::now();
+        let tcp = TcpStream::connect(self.addr).await.map_err(|e| {
+            Failure::new(FailureKind::Connect, format!("connect {}: {e}", self.addr))
+        })?;
+        let _ = tcp.set_nodelay(true);
+        match &self.tls {
+            Some((connector, name)) => {
+                let stream = connector.connect(name.clone(), tcp).await.map_err(|e| {
+                    Failure::new(
+                        FailureKind::Tls,
+                        format!("TLS handshake with {}: {e}", self.target),
+                    )
+                })?;
+                let handshake = start.elapsed();
+                let resumed = matches!(
+                    stream.get_ref().1.handshake_kind(),
+                    Some(rustls::HandshakeKind::Resumed)
+                );
+                let conn = self.http_handshake(TokioIo::new(stream)).await?;
+                Ok(Opened {
+                    conn,
+                    handshake,
+                    resumed,
+                })
+            }
+            None => {
+                let handshake = start.elapsed();
+                let conn = self.http_handshake(TokioIo::new(tcp)).await?;
+                Ok(Opened {
+                    conn,
+                    handshake,
+                    resumed: false,
+                })
+            }
+        }
+    }
+
+    async fn http_handshake<IO>(&self, io: IO) -> Result<Conn, Failure>
+    where
+        IO: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+    {
+        let proto_err = |e: hyper::Error| Failure::new(FailureKind::Protocol, e);
+        match self.protocol {
+            Protocol::Rest => {
+                let (sender, conn) = http1::handshake(io).await.map_err(proto_err)?;
+                let driver = tokio::spawn(async move {
+                    let _ = conn.await;
+                });
+                Ok(Conn::H1 { sender, driver })
+            }
+            Protocol::Grpc => {
+                let (sender, conn) = http2::Builder::new(TokioExecutor::new())
+                    // Upserts are ~400 KB of protobuf: large windows keep one request from
+                    // waiting on WINDOW_UPDATE round trips.
+                    .initial_stream_window_size(4 << 20)
+                    .initial_connection_window_size(8 << 20)
+                    .max_frame_size(1 << 20)
+                    .handshake(io)
+                    .await
+                    .map_err(proto_err)?;
+                let driver = tokio::spawn(async move {
+                    let _ = conn.await;
+                });
+                Ok(Conn::H2 { sender, driver })
+            }
+        }
+    }
+}
+
+/// An open connection, ready for requests.
+pub enum Conn {
+    H1 {
+        sender: http1::SendRequest<Full<Bytes>>,
+        driver: tokio::task::JoinHandle<()>,
+    },
+    H2 {
+        sender: http2::SendRequest<Full<Bytes>>,
+        driver: tokio::task::JoinHandle<()>,
+    },
+}
+
+impl Drop for Conn {
+    fn drop(&mut self) {
+        match self {
+            Conn::H1 { driver, .. } | Conn::H2 { driver, .. } => driver.abort(),
+        }
+    }
+}
+
+impl Conn {
+    /// Sends one request and reads the whole answer; Ok only for HTTP 200 and, for gRPC,
+    /// grpc-status 0.
+    pub async fn send(&mut self, req: ::http::Request<Full<Bytes>>) -> Result<(), Failure> {
+        let proto_err = |e: hyper::Error| {
+            if e.is_timeout() {
+                Failure::new(FailureKind::Timeout, e)
+            } else {
+                Failure::new(FailureKind::Protocol, e)
+            }
+        };
+        match self {
+            Conn::H1 { sender, .. } => {
+                sender.ready().await.map_err(proto_err)?;
+                let resp = sender.send_request(req).await.map_err(proto_err)?;
+                let status = resp.status();
+                let body = resp
+                    .into_body()
+                    .collect()
+                    .await
+                    .map_err(proto_err)?
+                    .to_bytes();
+                if status != ::http::StatusCode::OK {
+                    return Err(Failure::new(
+                        FailureKind::HttpStatus(status.as_u16()),
+                        format!(
+                            "HTTP {status}: {}",
+                            String::from_utf8_lossy(&body[..body.len().min(300)])
+                        ),
+                    ));
+                }
+                Ok(())
+            }
+            Conn::H2 { sender, .. } => {
+                sender.ready().await.map_err(proto_err)?;
+                let resp = sender.send_request(req).await.map_err(proto_err)?;
+                let (parts, body) = resp.into_parts();
+                if parts.status != ::http::StatusCode::OK {
+                    return Err(Failure::new(
+                        FailureKind::HttpStatus(parts.status.as_u16()),
+                        format!("HTTP {} on a gRPC call", parts.status),
+                    ));
+                }
+                // A trailers-only answer carries grpc-status in the headers.
+                let collected = body.collect().await.map_err(proto_err)?;
+                let trailers = collected.trailers().cloned();
+                let status_src = trailers.as_ref().unwrap_or(&parts.headers);
+                grpc_outcome(status_src)
+            }
+        }
+    }
+
+    /// HTTP/1.1 connections serve one request at a time; this tells the caller whether the
+    /// server closed this one (so the policy must reconnect).
+    pub fn is_closed(&self) -> bool {
+        match self {
+            Conn::H1 { sender, .. } => sender.is_closed(),
+            Conn::H2 { sender, .. } => sender.is_closed(),
+        }
+    }
+}
+
+fn grpc_outcome(headers: &::http::HeaderMap) -> Result<(), Failure> {
+    let code = headers
+        .get("grpc-status")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u32>().ok());
+    match code {
+        Some(0) => Ok(()),
+        Some(c) => {
+            let msg = headers
+                .get("grpc-message")
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or("")
+                .to_owned();
+            Err(Failure::new(
+                FailureKind::GrpcStatus(c),
+                format!("grpc-status {c}: {msg}"),
+            ))
+        }
+        None => Err(Failure::new(
+            FailureKind::Protocol,
+            "gRPC answer without grpc-status",
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn targets() {
+        let t = Target::parse("proxy:6334").unwrap();
+        assert!(t.tls);
+        assert_eq!(t.default_protocol(), Protocol::Grpc);
+        let t = Target::parse("http://127.0.0.1:6333/").unwrap();
+        assert!(!t.tls);
+        assert_eq!((t.host.as_str(), t.port), ("127.0.0.1", 6333));
+        assert_eq!(t.default_protocol(), Protocol::Rest);
+        let t = Target::parse("https://[::1]:8443").unwrap();
+        assert_eq!(t.host, "::1");
+        assert_eq!(t.authority(), "[::1]:8443");
+        assert!(Target::parse("proxy").is_err());
+        assert!(Target::parse("ftp://x:1").is_err());
+        assert!(Target::parse("x:notaport").is_err());
+    }
+}

@@ -1,0 +1,416 @@
+//! The drivers: closed loop (N workers, one request in flight each) and open loop (a fixed
+//! schedule of R requests per second, latency measured from the scheduled send time so a
+//! stalled target cannot hide its queueing delay). Both share one worker: the connection
+//! policy, the timeout, and recording into per-worker HDR histograms merged at the end.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use hdrhistogram::Histogram;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::client::{Conn, Connector, FailureKind};
+use crate::workload::Workload;
+
+/// When a connection is replaced.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ConnectionPolicy {
+    /// A new connection (full or resumed handshake) for every request.
+    New,
+    /// Keep-alive: one connection per worker for the whole run.
+    Reuse,
+    /// A new connection every N requests.
+    PerN(u64),
+}
+
+impl std::str::FromStr for ConnectionPolicy {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "new" => Ok(Self::New),
+            "reuse" | "keep-alive" => Ok(Self::Reuse),
+            _ => match s.strip_prefix("per-n=").map(str::parse::<u64>) {
+                Some(Ok(n)) if n > 0 => Ok(Self::PerN(n)),
+                _ => Err(format!("{s:?}: expected new, reuse or per-n=N with N >= 1")),
+            },
+        }
+    }
+}
+
+impl std::fmt::Display for ConnectionPolicy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::New => f.write_str("new"),
+            Self::Reuse => f.write_str("reuse"),
+            Self::PerN(n) => write!(f, "per-n={n}"),
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+pub enum Mode {
+    Closed,
+    /// Requests per second.
+    Open(f64),
+}
+
+#[derive(Clone, Debug)]
+pub struct DriverConfig {
+    pub mode: Mode,
+    pub concurrency: usize,
+    pub policy: ConnectionPolicy,
+    /// Measured phase length; None means until `requests` are done.
+    pub duration: Option<Duration>,
+    /// Measured requests; None means until `duration` is over.
+    pub requests: Option<u64>,
+    pub warmup: Duration,
+    pub request_timeout: Duration,
+    /// Print a progress line every second.
+    pub progress: bool,
+}
+
+/// What the driver measured.
+pub struct Outcome {
+    pub latency_us: Histogram<u64>,
+    pub handshake_us: Histogram<u64>,
+    pub ok: u64,
+    pub failures: BTreeMap<FailureKind, u64>,
+    /// First message seen per failure kind.
+    pub failure_examples: BTreeMap<FailureKind, String>,
+    pub handshakes: u64,
+    pub resumed_handshakes: u64,
+    /// Body bytes of measured, acknowledged requests.
+    pub ok_body_bytes: u64,
+    /// Points acknowledged by the target, warm-up included (what the collection must hold).
+    pub points_acknowledged: u64,
+    pub warmup_ok: u64,
+    pub warmup_failed: u64,
+    /// Measured phase: from the end of warm-up to the last measured completion.
+    pub elapsed: Duration,
+    /// Open loop: how late sends left against the schedule (microseconds).
+    pub schedule_lag_us: Option<Histogram<u64>>,
+    /// True when Ctrl-C (or the caller) stopped the run early.
+    pub interrupted: bool,
+}
+
+struct Shared {
+    workload: Arc<Workload>,
+    connector: Arc<Connector>,
+    config: DriverConfig,
+    start: Instant,
+    measure_start: Instant,
+    end: Option<Instant>,
+    /// Next request sequence number (ids), warm-up included.
+    next_seq: AtomicU64,
+    /// Measured requests claimed so far (for `--requests`).
+    measured_claimed: AtomicU64,
+    live_ok: AtomicU64,
+    live_failed: AtomicU64,
+    live_latency: Mutex<Histogram<u64>>,
+    stop: CancellationToken,
+}
+
+#[derive(Default)]
+struct WorkerTally {
+    ok: u64,
+    failures: BTreeMap<FailureKind, u64>,
+    examples: BTreeMap<FailureKind, String>,
+    handshakes: u64,
+    resumed: u64,
+    ok_body_bytes: u64,
+    points: u64,
+    warmup_ok: u64,
+    warmup_failed: u64,
+    last_done: Option<Instant>,
+}
+
+fn histogram() -> Histogram<u64> {
+    // Microseconds, 3 significant digits, auto-resizing: any latency up to hours fits.
+    let mut h = Histogram::new(3).expect("3 significant digits is valid");
+    h.auto(true);
+    h
+}
+
+/// Runs the workload until the duration, the request count or `stop` ends it.
+pub async fn run(
+    workload: Arc<Workload>,
+    connector: Arc<Connector>,
+    config: DriverConfig,
+    stop: CancellationToken,
+) -> Outcome {
+    let start = Instant::now();
+    let measure_start = start + config.warmup;
+    let end = config.duration.map(|d| measure_start + d);
+    let shared = Arc::new(Shared {
+        workload,
+        connector,
+        config: config.clone(),
+        start,
+        measure_start,
+        end,
+        next_seq: AtomicU64::new(0),
+        measured_claimed: AtomicU64::new(0),
+        live_ok: AtomicU64::new(0),
+        live_failed: AtomicU64::new(0),
+        live_latency: Mutex::new(histogram()),
+        stop: stop.clone(),
+    });
+    let progress = config
+        .progress
+        .then(|| tokio::spawn(progress_loop(shared.clone())));
+    let workers: Vec<_> = (0..config.concurrency.max(1))
+        .map(|_| tokio::spawn(worker(shared.clone())))
+        .collect();
+
+    let mut latency = histogram();
+    let mut handshake = histogram();
+    let mut lag = matches!(config.mode, Mode::Open(_)).then(histogram);
+    let mut tally = WorkerTally::default();
+    for w in workers {
+        let Ok((t, lat, hs, wl)) = w.await else {
+            continue;
+        };
+        let _ = latency.add(&lat);
+        let _ = handshake.add(&hs);
+        if let (Some(all), Some(wl)) = (lag.as_mut(), wl) {
+            let _ = all.add(&wl);
+        }
+        tally.ok += t.ok;
+        for (k, n) in t.failures {
+            *tally.failures.entry(k).or_default() += n;
+        }
+        for (k, m) in t.examples {
+            tally.examples.entry(k).or_insert(m);
+        }
+        tally.handshakes += t.handshakes;
+        tally.resumed += t.resumed;
+        tally.ok_body_bytes += t.ok_body_bytes;
+        tally.points += t.points;
+        tally.warmup_ok += t.warmup_ok;
+        tally.warmup_failed += t.warmup_failed;
+        tally.last_done = tally.last_done.max(t.last_done);
+    }
+    let interrupted = stop.is_cancelled();
+    stop.cancel();
+    if let Some(p) = progress {
+        let _ = p.await;
+    }
+    let finished = tally
+        .last_done
+        .unwrap_or_else(Instant::now)
+        .max(measure_start);
+    Outcome {
+        latency_us: latency,
+        handshake_us: handshake,
+        ok: tally.ok,
+        failures: tally.failures,
+        failure_examples: tally.examples,
+        handshakes: tally.handshakes,
+        resumed_handshakes: tally.resumed,
+        ok_body_bytes: tally.ok_body_bytes,
+        points_acknowledged: tally.points,
+        warmup_ok: tally.warmup_ok,
+        warmup_failed: tally.warmup_failed,
+        elapsed: finished - measure_start,
+        schedule_lag_us: lag,
+        interrupted,
+    }
+}
+
+/// The next request to send: its sequence number and the instant it was due.
+fn next_request(shared: &Shared) -> Option<(u64, Instant)> {
+    if shared.stop.is_cancelled() {
+        return None;
+    }
+    let seq = shared.next_seq.fetch_add(1, Ordering::Relaxed);
+    let due = match shared.config.mode {
+        Mode::Closed => Instant::now(),
+        Mode::Open(rate) => shared.start + Duration::from_secs_f64(seq as f64 / rate),
+    };
+    if let Some(end) = shared.end {
+        if due >= end {
+            return None;
+        }
+    }
+    if due >= shared.measure_start {
+        if let Some(limit) = shared.config.requests {
+            if shared.measured_claimed.fetch_add(1, Ordering::Relaxed) >= limit {
+                return None;
+            }
+        }
+    }
+    Some((seq, due))
+}
+
+async fn worker(
+    shared: Arc<Shared>,
+) -> (
+    WorkerTally,
+    Histogram<u64>,
+    Histogram<u64>,
+    Option<Histogram<u64>>,
+) {
+    let mut tally = WorkerTally::default();
+    let mut latency = histogram();
+    let mut handshake = histogram();
+    let mut lag = matches!(shared.config.mode, Mode::Open(_)).then(histogram);
+    let mut conn: Option<Conn> = None;
+    let mut used_on_conn = 0u64;
+    let points = shared.workload.spec().points_per_request as u64;
+
+    while let Some((seq, due)) = next_request(&shared) {
+        if matches!(shared.config.mode, Mode::Open(_)) {
+            tokio::select! {
+                _ = tokio::time::sleep_until(due) => {}
+                _ = shared.stop.cancelled() => break,
+            }
+            if let Some(lag) = lag.as_mut() {
+                let _ =
+                    lag.record(Instant::now().saturating_duration_since(due).as_micros() as u64);
+            }
+        }
+        let fresh_needed = match shared.config.policy {
+            ConnectionPolicy::New => true,
+            ConnectionPolicy::Reuse => false,
+            ConnectionPolicy::PerN(n) => used_on_conn >= n,
+        } || conn.as_ref().is_none_or(Conn::is_closed);
+        if fresh_needed {
+            conn = None;
+        }
+        let request = shared.workload.request(seq);
+        let body_len = shared.workload.body_len(seq) as u64;
+        let attempt = async {
+            let mut handshake_taken = None;
+            if conn.is_none() {
+                let opened = shared.connector.open().await?;
+                handshake_taken = Some((opened.handshake, opened.resumed));
+                conn = Some(opened.conn);
+                used_on_conn = 0;
+            }
+            used_on_conn += 1;
+            let c = conn.as_mut().expect("a connection was just ensured");
+            c.send(request).await.map(|()| handshake_taken)
+        };
+        let result = tokio::time::timeout(shared.config.request_timeout, attempt).await;
+        let done = Instant::now();
+        let measured = due >= shared.measure_start;
+        let outcome = match result {
+            Ok(Ok(hs)) => Ok(hs),
+            Ok(Err(f)) => Err(f),
+            Err(_) => Err(crate::client::Failure {
+                kind: FailureKind::Timeout,
+                message: format!("no answer within {:?}", shared.config.request_timeout),
+            }),
+        };
+        match outcome {
+            Ok(hs) => {
+                tally.points += points;
+                if let Some((d, resumed)) = hs {
+                    if measured {
+                        tally.handshakes += 1;
+                        tally.resumed += u64::from(resumed);
+                        let _ = handshake.record(d.as_micros() as u64);
+                    }
+                }
+                if measured {
+                    let us = done.saturating_duration_since(due).as_micros() as u64;
+                    let _ = latency.record(us);
+                    tally.ok += 1;
+                    tally.ok_body_bytes += body_len;
+                    tally.last_done = Some(done);
+                    shared.live_ok.fetch_add(1, Ordering::Relaxed);
+                    if let Ok(mut live) = shared.live_latency.lock() {
+                        let _ = live.record(us);
+                    }
+                } else {
+                    tally.warmup_ok += 1;
+                }
+            }
+            Err(failure) => {
+                // A failed exchange leaves the connection in an unknown state.
+                conn = None;
+                if measured {
+                    *tally.failures.entry(failure.kind.clone()).or_default() += 1;
+                    tally
+                        .examples
+                        .entry(failure.kind)
+                        .or_insert(failure.message);
+                    tally.last_done = Some(done);
+                    shared.live_failed.fetch_add(1, Ordering::Relaxed);
+                } else {
+                    tally.warmup_failed += 1;
+                }
+            }
+        }
+    }
+    (tally, latency, handshake, lag)
+}
+
+async fn progress_loop(shared: Arc<Shared>) {
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    tick.tick().await;
+    let mut last_ok = 0;
+    let mut last = Instant::now();
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = shared.stop.cancelled() => return,
+        }
+        let now = Instant::now();
+        let ok = shared.live_ok.load(Ordering::Relaxed);
+        let failed = shared.live_failed.load(Ordering::Relaxed);
+        let p50 = shared
+            .live_latency
+            .lock()
+            .map(|mut h| {
+                let v = h.value_at_quantile(0.5);
+                h.reset();
+                v
+            })
+            .unwrap_or(0);
+        let rate = (ok - last_ok) as f64 / (now - last).as_secs_f64();
+        let phase = if now < shared.measure_start {
+            " (warm-up)"
+        } else {
+            ""
+        };
+        eprintln!(
+            "[{:>5.1}s] {:>8.1} req/s  p50 {:>8.2} ms  ok {}  errors {}{}",
+            (now - shared.start).as_secs_f64(),
+            rate,
+            p50 as f64 / 1000.0,
+            ok,
+            failed,
+            phase
+        );
+        last_ok = ok;
+        last = now;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn policies_parse() {
+        assert_eq!(
+            "new".parse::<ConnectionPolicy>().unwrap(),
+            ConnectionPolicy::New
+        );
+        assert_eq!(
+            "reuse".parse::<ConnectionPolicy>().unwrap(),
+            ConnectionPolicy::Reuse
+        );
+        assert_eq!(
+            "per-n=10".parse::<ConnectionPolicy>().unwrap(),
+            ConnectionPolicy::PerN(10)
+        );
+        assert!("per-n=0".parse::<ConnectionPolicy>().is_err());
+        assert!("sometimes".parse::<ConnectionPolicy>().is_err());
+        assert_eq!(ConnectionPolicy::PerN(3).to_string(), "per-n=3");
+    }
+}

@@ -1,0 +1,17 @@
+//! `loadgen`: drives secure vector ingestion (UPSERT_100 over Qdrant REST or gRPC) through a
+//! TLS terminator and reports what it measured, one run at a time (`run`), as a provider x
+//! algorithm comparison (`compare`), and as tables and charts (`report`).
+//!
+//! Module map: [`vectors`] (where vectors come from), [`workload`] (request bodies, built
+//! before timing), [`client`] (TLS client, connections, Qdrant set-up calls), [`driver`]
+//! (closed and open loop), [`probe`] (CPU, power, proxy metrics), [`result`] (the JSON
+//! result), [`summary`] (the human summary), [`run`] (one run, end to end).
+
+pub mod client;
+pub mod driver;
+pub mod probe;
+pub mod result;
+pub mod run;
+pub mod summary;
+pub mod vectors;
+pub mod workload;

@@ -1,0 +1,151 @@
+//! CPU time: system-wide from /proc/stat, per process from /proc/PID/stat, and processes
+//! found by name for `--watch-process`.
+
+use std::path::Path;
+
+use anyhow::{anyhow, Context, Result};
+
+/// Jiffies per second: the unit of /proc/stat and /proc/PID/stat.
+pub fn clock_ticks() -> f64 {
+    // SAFETY-free: sysconf is a plain libc query with no pointers.
+    let t = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    if t > 0 {
+        t as f64
+    } else {
+        100.0
+    }
+}
+
+/// The aggregate `cpu` line of /proc/stat.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct SystemTimes {
+    pub busy: u64,
+    pub total: u64,
+}
+
+pub fn read_system(proc_root: &Path) -> Result<SystemTimes> {
+    let text = std::fs::read_to_string(proc_root.join("stat")).context("reading /proc/stat")?;
+    parse_system(&text)
+}
+
+pub fn parse_system(text: &str) -> Result<SystemTimes> {
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("cpu "))
+        .ok_or_else(|| anyhow!("/proc/stat has no aggregate cpu line"))?;
+    let fields: Vec<u64> = line
+        .split_whitespace()
+        .skip(1)
+        .map(|f| f.parse().unwrap_or(0))
+        .collect();
+    // user nice system idle iowait irq softirq steal guest guest_nice; guest time is
+    // already inside user/nice, so it is not added again.
+    let sum: u64 = fields.iter().take(8).sum();
+    let idle = fields.get(3).copied().unwrap_or(0) + fields.get(4).copied().unwrap_or(0);
+    Ok(SystemTimes {
+        busy: sum - idle,
+        total: sum,
+    })
+}
+
+/// Utilisation between two readings, 0..=100 (all cores together).
+pub fn utilisation(before: SystemTimes, after: SystemTimes) -> Option<f64> {
+    let total = after.total.checked_sub(before.total)?;
+    let busy = after.busy.checked_sub(before.busy)?;
+    (total > 0).then(|| 100.0 * busy as f64 / total as f64)
+}
+
+/// User + system CPU seconds of one process.
+pub fn process_cpu_seconds(proc_root: &Path, pid: u32) -> Result<f64> {
+    let path = proc_root.join(pid.to_string()).join("stat");
+    let text =
+        std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+    let (utime, stime) = parse_process_stat(&text)?;
+    Ok((utime + stime) as f64 / clock_ticks())
+}
+
+/// utime and stime (fields 14 and 15) of a /proc/PID/stat line. The command name may hold
+/// spaces and parentheses, so fields are counted after its last ')'.
+pub fn parse_process_stat(text: &str) -> Result<(u64, u64)> {
+    let after = text
+        .rfind(')')
+        .map(|i| &text[i + 1..])
+        .ok_or_else(|| anyhow!("malformed /proc/PID/stat"))?;
+    let fields: Vec<&str> = after.split_whitespace().collect();
+    // After the name: state is field 3, so utime (14) is index 11 and stime (15) index 12.
+    let utime = fields.get(11).and_then(|f| f.parse().ok());
+    let stime = fields.get(12).and_then(|f| f.parse().ok());
+    match (utime, stime) {
+        (Some(u), Some(s)) => Ok((u, s)),
+        _ => Err(anyhow!("malformed /proc/PID/stat")),
+    }
+}
+
+/// Pids whose command name (/proc/PID/comm) or executable file name equals `name`.
+pub fn find_processes(proc_root: &Path, name: &str) -> Vec<u32> {
+    let Ok(entries) = std::fs::read_dir(proc_root) else {
+        return Vec::new();
+    };
+    let own = std::process::id();
+    let mut pids: Vec<u32> = entries
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|&pid| pid != own)
+        .filter(|pid| {
+            let dir = proc_root.join(pid.to_string());
+            let comm = std::fs::read_to_string(dir.join("comm")).unwrap_or_default();
+            let exe = std::fs::read_link(dir.join("exe"))
+                .ok()
+                .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
+                .unwrap_or_default();
+            // comm is cut to 15 bytes by the kernel.
+            comm.trim_end() == name
+                || (name.len() > 15 && comm.trim_end() == &name[..15])
+                || exe == name
+        })
+        .collect();
+    pids.sort_unstable();
+    pids
+}
+
+/// CPU model, cores, kernel.
+pub fn machine_facts(proc_root: &Path) -> (String, usize, String) {
+    let cpuinfo = std::fs::read_to_string(proc_root.join("cpuinfo")).unwrap_or_default();
+    let model = cpuinfo
+        .lines()
+        .find(|l| l.starts_with("model name"))
+        .and_then(|l| l.split_once(':'))
+        .map(|(_, v)| v.trim().to_owned())
+        .unwrap_or_else(|| "unknown".to_owned());
+    let cores = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1);
+    let kernel = std::fs::read_to_string(proc_root.join("sys/kernel/osrelease"))
+        .map(|s| s.trim().to_owned())
+        .unwrap_or_else(|_| "unknown".to_owned());
+    (model, cores, kernel)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_proc_stat_and_process_stat() {
+        let a = parse_system("cpu  100 0 50 800 50 0 0 0 0 0\ncpu0 1 2 3\n").unwrap();
+        let b = parse_system("cpu  200 0 100 1600 100 0 0 0 0 0\n").unwrap();
+        assert_eq!(a.total, 1000);
+        assert_eq!(a.busy, 150);
+        let u = utilisation(a, b).unwrap();
+        assert!((u - 15.0).abs() < 1e-9, "{u}");
+        let line = "1234 (my (odd) proc) S 1 2 3 4 5 6 7 8 9 10 250 125 0 0 20 0 4 0 100 0 0";
+        assert_eq!(parse_process_stat(line).unwrap(), (250, 125));
+        assert!(parse_process_stat("garbage").is_err());
+    }
+
+    #[test]
+    fn finds_itself_by_reading_real_proc() {
+        let secs = process_cpu_seconds(Path::new("/proc"), std::process::id()).unwrap();
+        assert!(secs >= 0.0);
+        assert!(read_system(Path::new("/proc")).unwrap().total > 0);
+    }
+}

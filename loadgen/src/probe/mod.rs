@@ -1,0 +1,293 @@
+//! What is measured beside the requests: CPU (system-wide and per process), power (RAPL or
+//! Redfish), and the proxy's own /metrics. Probes know nothing of workloads: they are
+//! started when the measured phase starts, sampled on a fixed interval, and read out when
+//! it ends.
+
+pub mod cpu;
+pub mod proxy_metrics;
+pub mod rapl;
+pub mod redfish;
+
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tokio_util::sync::CancellationToken;
+
+use crate::client::http::Options;
+use crate::result::{CpuRecord, Measured, PowerRecord, ProcessCpu, ProxyMetricsDelta};
+
+/// A process whose CPU time is attributed to the run.
+#[derive(Clone, Debug)]
+pub struct Watched {
+    pub name: String,
+    pub pids: Vec<u32>,
+}
+
+pub enum PowerSource {
+    Rapl(PathBuf),
+    Redfish(Arc<redfish::Redfish>),
+    None(String),
+}
+
+pub struct ProbeConfig {
+    pub proc_root: PathBuf,
+    pub power: PowerSource,
+    pub watched: Vec<Watched>,
+    pub proxy_metrics: Option<(String, Options)>,
+    pub sample_interval: Duration,
+}
+
+struct PowerState {
+    rapl: Option<rapl::Rapl>,
+    redfish_watts: Vec<f64>,
+    error: Option<String>,
+}
+
+/// Probes between start and finish.
+pub struct Running {
+    config: ProbeConfig,
+    started: Instant,
+    system_before: anyhow::Result<cpu::SystemTimes>,
+    own_before: f64,
+    watched_before: Vec<Vec<Option<f64>>>,
+    proxy_before: Option<anyhow::Result<proxy_metrics::Snapshot>>,
+    power: Arc<Mutex<PowerState>>,
+    sampler: Option<tokio::task::JoinHandle<()>>,
+    stop: CancellationToken,
+}
+
+impl ProbeConfig {
+    pub async fn start(self) -> Running {
+        let proxy_before = match &self.proxy_metrics {
+            Some((url, opts)) => Some(proxy_metrics::scrape(url, opts).await),
+            None => None,
+        };
+        let mut power = PowerState {
+            rapl: None,
+            redfish_watts: Vec::new(),
+            error: None,
+        };
+        if let PowerSource::Rapl(root) = &self.power {
+            match rapl::Rapl::open(root) {
+                Ok(r) => power.rapl = Some(r),
+                Err(e) => power.error = Some(e),
+            }
+        }
+        let power = Arc::new(Mutex::new(power));
+        let stop = CancellationToken::new();
+        let own_before =
+            cpu::process_cpu_seconds(&self.proc_root, std::process::id()).unwrap_or(0.0);
+        let watched_before = self
+            .watched
+            .iter()
+            .map(|w| {
+                w.pids
+                    .iter()
+                    .map(|&p| cpu::process_cpu_seconds(&self.proc_root, p).ok())
+                    .collect()
+            })
+            .collect();
+        let system_before = cpu::read_system(&self.proc_root);
+        let mut running = Running {
+            config: self,
+            started: Instant::now(),
+            system_before,
+            own_before,
+            watched_before,
+            proxy_before,
+            power,
+            sampler: None,
+            stop,
+        };
+        running.spawn_sampler();
+        running
+    }
+}
+
+impl Running {
+    fn spawn_sampler(&mut self) {
+        let interval = self.config.sample_interval;
+        let power = self.power.clone();
+        let stop = self.stop.clone();
+        let redfish = match &self.config.power {
+            PowerSource::Redfish(r) => Some(r.clone()),
+            _ => None,
+        };
+        let has_rapl = power.lock().map(|p| p.rapl.is_some()).unwrap_or(false);
+        if redfish.is_none() && !has_rapl {
+            return;
+        }
+        self.sampler = Some(tokio::spawn(async move {
+            let mut tick = tokio::time::interval(interval);
+            loop {
+                // The first tick fires at once: a Redfish reading at the start of the run.
+                let stopping = tokio::select! {
+                    _ = tick.tick() => false,
+                    _ = stop.cancelled() => true,
+                };
+                if let Some(r) = &redfish {
+                    let reading = r.watts().await;
+                    if let Ok(mut p) = power.lock() {
+                        match reading {
+                            Ok(w) => p.redfish_watts.push(w),
+                            Err(e) => {
+                                p.error.get_or_insert_with(|| format!("{e:#}"));
+                            }
+                        }
+                    }
+                }
+                if let Ok(mut p) = power.lock() {
+                    if let Some(Err(e)) = p.rapl.as_mut().map(|r| r.sample()) {
+                        p.error.get_or_insert(e);
+                    }
+                }
+                if stopping {
+                    return;
+                }
+            }
+        }));
+    }
+
+    /// Reads everything out. `requests` is the measured request count the per-request
+    /// figures divide by.
+    pub async fn finish(mut self, requests: u64) -> Finished {
+        let elapsed = self.started.elapsed().as_secs_f64().max(1e-9);
+        let root = &self.config.proc_root;
+        let system_after = cpu::read_system(root);
+        let own_after =
+            cpu::process_cpu_seconds(root, std::process::id()).unwrap_or(self.own_before);
+        let per_request = |secs: f64| (requests > 0).then(|| secs / requests as f64);
+        let loadgen = ProcessCpu {
+            name: "loadgen".to_owned(),
+            pids: vec![std::process::id()],
+            cpu_seconds: own_after - self.own_before,
+            cpu_seconds_per_request: per_request(own_after - self.own_before),
+            percent_of_core: 100.0 * (own_after - self.own_before) / elapsed,
+        };
+        let mut warnings = Vec::new();
+        let mut watched = Vec::new();
+        for (w, before) in self.config.watched.iter().zip(&self.watched_before) {
+            let mut secs = 0.0;
+            for (&pid, b) in w.pids.iter().zip(before) {
+                match (b, cpu::process_cpu_seconds(root, pid)) {
+                    (Some(b), Ok(a)) => secs += a - b,
+                    (_, Err(e)) => warnings.push(format!("{} (pid {pid}): {e:#}", w.name)),
+                    (None, Ok(_)) => warnings.push(format!(
+                        "{} (pid {pid}) was not readable at the start",
+                        w.name
+                    )),
+                }
+            }
+            watched.push(ProcessCpu {
+                name: w.name.clone(),
+                pids: w.pids.clone(),
+                cpu_seconds: secs,
+                cpu_seconds_per_request: per_request(secs),
+                percent_of_core: 100.0 * secs / elapsed,
+            });
+        }
+        let system = match (&self.system_before, &system_after) {
+            (Ok(b), Ok(a)) => cpu::utilisation(*b, *a)
+                .map(Measured::ok)
+                .unwrap_or_else(|| Measured::missing("no CPU time passed")),
+            (Err(e), _) | (_, Err(e)) => Measured::missing(format!("{e:#}")),
+        };
+
+        self.stop.cancel();
+        if let Some(s) = self.sampler.take() {
+            let _ = s.await;
+        }
+        let power = {
+            let p = self.power.lock().ok();
+            match (&self.config.power, p) {
+                (PowerSource::None(reason), _) => Measured::missing(reason.clone()),
+                (_, None) => Measured::missing("power sampler failed"),
+                (_, Some(p)) => {
+                    if let Some(e) = &p.error {
+                        Measured::missing(e.clone())
+                    } else if let Some(r) = &p.rapl {
+                        Measured::ok(PowerRecord {
+                            source: "rapl".to_owned(),
+                            joules: r.joules(),
+                            mean_watts: r.joules() / elapsed,
+                            samples: 0,
+                            detail: format!(
+                                "domains {}; counter wraps {}",
+                                r.domain_names().join(","),
+                                r.wraps()
+                            ),
+                        })
+                    } else if !p.redfish_watts.is_empty() {
+                        let mean =
+                            p.redfish_watts.iter().sum::<f64>() / p.redfish_watts.len() as f64;
+                        Measured::ok(PowerRecord {
+                            source: "redfish".to_owned(),
+                            joules: mean * elapsed,
+                            mean_watts: mean,
+                            samples: p.redfish_watts.len() as u64,
+                            detail: "PowerControl[0].PowerConsumedWatts, whole server".to_owned(),
+                        })
+                    } else {
+                        Measured::missing("no power sample was taken")
+                    }
+                }
+            }
+        };
+
+        let (proxy, listeners) = match (&self.config.proxy_metrics, self.proxy_before.take()) {
+            (Some((url, opts)), Some(Ok(before))) => match proxy_metrics::scrape(url, opts).await {
+                Ok(after) => {
+                    let handshakes = after.handshakes_ok - before.handshakes_ok;
+                    let cpu = match (before.cpu_seconds, after.cpu_seconds) {
+                        (Some(b), Some(a)) => Some(a - b),
+                        _ => None,
+                    };
+                    let delta = ProxyMetricsDelta {
+                        handshakes,
+                        resumed_handshakes: after.handshakes_resumed - before.handshakes_resumed,
+                        handshake_failures: after.handshake_failures - before.handshake_failures,
+                        requests: after.requests - before.requests,
+                        cpu_seconds: cpu,
+                        cpu_seconds_per_request: cpu.and_then(per_request),
+                        cpu_seconds_per_handshake: cpu
+                            .filter(|_| handshakes > 0.0)
+                            .map(|c| c / handshakes),
+                    };
+                    (Measured::ok(delta), after.listeners)
+                }
+                Err(e) => (
+                    Measured::missing(format!("scraping {url} after the run: {e:#}")),
+                    Vec::new(),
+                ),
+            },
+            (Some((url, _)), Some(Err(e))) => (
+                Measured::missing(format!("scraping {url} before the run: {e:#}")),
+                Vec::new(),
+            ),
+            _ => (
+                Measured::missing("no --proxy-metrics URL given"),
+                Vec::new(),
+            ),
+        };
+        Finished {
+            cpu: CpuRecord {
+                system_utilisation_percent: system,
+                loadgen,
+                watched,
+            },
+            power,
+            proxy,
+            proxy_listeners: listeners,
+            warnings,
+        }
+    }
+}
+
+pub struct Finished {
+    pub cpu: CpuRecord,
+    pub power: Measured<PowerRecord>,
+    pub proxy: Measured<ProxyMetricsDelta>,
+    pub proxy_listeners: Vec<std::collections::BTreeMap<String, String>>,
+    pub warnings: Vec<String>,
+}

@@ -1,0 +1,231 @@
+//! The run result: the JSON file every report is rendered from. Field names carry their
+//! units. A figure that could not be measured is `{"value": null, "reason": "..."}` and
+//! nothing is derived from it.
+
+use std::collections::BTreeMap;
+
+use hdrhistogram::Histogram;
+use serde::{Deserialize, Serialize};
+
+pub const SCHEMA: &str = "loadgen.run/v1";
+
+/// A figure, or why it is missing.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct Measured<T> {
+    pub value: Option<T>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+impl<T> Measured<T> {
+    pub fn ok(value: T) -> Self {
+        Self {
+            value: Some(value),
+            reason: None,
+        }
+    }
+
+    pub fn missing(reason: impl Into<String>) -> Self {
+        Self {
+            value: None,
+            reason: Some(reason.into()),
+        }
+    }
+
+    pub fn as_ref(&self) -> Option<&T> {
+        self.value.as_ref()
+    }
+}
+
+impl<T, E: std::fmt::Display> From<Result<T, E>> for Measured<T> {
+    fn from(r: Result<T, E>) -> Self {
+        match r {
+            Ok(v) => Self::ok(v),
+            Err(e) => Self::missing(e.to_string()),
+        }
+    }
+}
+
+/// Latency percentiles in milliseconds.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct Percentiles {
+    pub count: u64,
+    pub mean: f64,
+    pub p50: f64,
+    pub p90: f64,
+    pub p99: f64,
+    pub p999: f64,
+    pub max: f64,
+}
+
+impl Percentiles {
+    /// From a histogram of microseconds; None when it is empty.
+    pub fn from_us(h: &Histogram<u64>) -> Option<Self> {
+        if h.is_empty() {
+            return None;
+        }
+        let ms = |us: u64| us as f64 / 1000.0;
+        Some(Self {
+            count: h.len(),
+            mean: h.mean() / 1000.0,
+            p50: ms(h.value_at_quantile(0.50)),
+            p90: ms(h.value_at_quantile(0.90)),
+            p99: ms(h.value_at_quantile(0.99)),
+            p999: ms(h.value_at_quantile(0.999)),
+            max: ms(h.max()),
+        })
+    }
+}
+
+/// Which cell of a comparison this run is.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Cell {
+    /// Provider name, or a peer's name (nginx, haproxy).
+    pub provider: String,
+    pub algorithm: String,
+    /// 1-based repeat round.
+    pub repeat: u32,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Environment {
+    pub cpu_model: String,
+    pub cores: usize,
+    pub kernel: String,
+    pub loadgen_version: String,
+    pub client_provider: String,
+    pub client_library: String,
+    /// What the proxy's /metrics said about its listeners, when scraped.
+    #[serde(default)]
+    pub proxy_listeners: Vec<BTreeMap<String, String>>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct WorkloadRecord {
+    pub protocol: String,
+    pub collection: String,
+    pub points_per_request: usize,
+    pub dim: usize,
+    pub wait: bool,
+    pub vectors_source: String,
+    /// Mean request body size in bytes (the templates differ by a few bytes in JSON).
+    pub request_body_bytes: u64,
+    pub json_decimals: usize,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct ProcessCpu {
+    pub name: String,
+    pub pids: Vec<u32>,
+    pub cpu_seconds: f64,
+    pub cpu_seconds_per_request: Option<f64>,
+    /// Percent of one core over the measured phase.
+    pub percent_of_core: f64,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct CpuRecord {
+    /// All cores together, 0..=100.
+    pub system_utilisation_percent: Measured<f64>,
+    pub loadgen: ProcessCpu,
+    pub watched: Vec<ProcessCpu>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct PowerRecord {
+    /// "rapl" or "redfish".
+    pub source: String,
+    pub joules: f64,
+    pub mean_watts: f64,
+    pub samples: u64,
+    #[serde(default)]
+    pub detail: String,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct ProxyMetricsDelta {
+    pub handshakes: f64,
+    pub resumed_handshakes: f64,
+    pub handshake_failures: f64,
+    pub requests: f64,
+    pub cpu_seconds: Option<f64>,
+    pub cpu_seconds_per_request: Option<f64>,
+    pub cpu_seconds_per_handshake: Option<f64>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct HandshakeRecord {
+    pub count: u64,
+    pub resumed: u64,
+    /// TCP connect + TLS handshake, client side.
+    pub latency_ms: Option<Percentiles>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Verification {
+    pub count_before: u64,
+    pub count_after: u64,
+    pub points_acknowledged: u64,
+    /// count_after - count_before == points_acknowledged.
+    pub matches: bool,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct EmbedLiveRecord {
+    pub rate_per_s: f64,
+    pub ok: u64,
+    pub failed: u64,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct RunResult {
+    pub schema: String,
+    #[serde(default)]
+    pub cell: Option<Cell>,
+    pub started_at: String,
+    pub target: String,
+    /// The full run configuration, as given.
+    pub config: serde_json::Value,
+    pub environment: Environment,
+    pub workload: WorkloadRecord,
+    pub tls_verification: bool,
+    pub measured_seconds: f64,
+    pub requests_ok: u64,
+    pub requests_failed: u64,
+    pub failures: BTreeMap<String, u64>,
+    pub failure_examples: BTreeMap<String, String>,
+    pub warmup_requests: u64,
+    pub requests_per_second: f64,
+    pub points_per_second: f64,
+    /// Request body megabytes (10^6) per second, acknowledged requests only.
+    pub payload_mb_per_second: f64,
+    pub latency_ms: Option<Percentiles>,
+    pub handshakes: HandshakeRecord,
+    #[serde(default)]
+    pub schedule_lag_ms: Option<Percentiles>,
+    pub cpu: CpuRecord,
+    pub power: Measured<PowerRecord>,
+    pub proxy_metrics: Measured<ProxyMetricsDelta>,
+    pub verification: Measured<Verification>,
+    #[serde(default)]
+    pub embed_live: Option<EmbedLiveRecord>,
+    pub warnings: Vec<String>,
+    pub interrupted: bool,
+}
+
+impl RunResult {
+    /// The proxy's CPU-seconds for this run: from its own metrics when scraped, else from
+    /// /proc for a watched process named like the proxy.
+    pub fn proxy_cpu_seconds(&self) -> Option<f64> {
+        self.proxy_metrics
+            .as_ref()
+            .and_then(|m| m.cpu_seconds)
+            .or_else(|| {
+                self.cpu
+                    .watched
+                    .iter()
+                    .find(|w| w.name == "proxy")
+                    .map(|w| w.cpu_seconds)
+            })
+    }
+}

@@ -1,0 +1,689 @@
+//! `loadgen run`: one measured run, from vectors to the JSON result and the summary.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{anyhow, bail, Context, Result};
+use clap::{ArgAction, Args, ValueEnum};
+use proxy::crypto::{KxGroupName, Provider, ProviderName};
+use serde::Serialize;
+use tokio_util::sync::CancellationToken;
+
+use crate::client::http::{trust_config, Options};
+use crate::client::qdrant::Admin;
+use crate::client::tls::{client_config, TlsOptions};
+use crate::client::{Connector, Protocol, Target};
+use crate::driver::{self, ConnectionPolicy, DriverConfig, Mode};
+use crate::probe::{self, PowerSource, ProbeConfig, Watched};
+use crate::result::*;
+use crate::vectors::{self, EmbeddingsClient, EmbeddingsOptions, LiveEmbedder, VectorSet};
+use crate::workload::{id_base_for_run, UpsertSpec, Workload};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum VectorSource {
+    /// Seeded, reproducible, unit-length vectors.
+    Synthetic,
+    /// An OpenAI-compatible embeddings endpoint (OVMS), fed the --corpus.
+    Embeddings,
+    /// A vectors file written by the embeddings cache.
+    File,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum PowerChoice {
+    /// RAPL when readable, else none with the reason.
+    Auto,
+    Rapl,
+    Redfish,
+    None,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, ValueEnum)]
+pub enum TlsVersionArg {
+    #[value(name = "1.2")]
+    #[serde(rename = "1.2")]
+    V12,
+    #[value(name = "1.3")]
+    #[serde(rename = "1.3")]
+    V13,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum OnOff {
+    On,
+    Off,
+}
+
+/// Everything a run is configured by; recorded whole in the result.
+#[derive(Clone, Debug, Args, Serialize)]
+pub struct RunArgs {
+    /// HOST:PORT (TLS), https://HOST:PORT, or http://HOST:PORT for a plaintext baseline.
+    #[arg(long)]
+    pub target: String,
+    /// Default: grpc for port 6334, rest otherwise.
+    #[arg(long, value_enum)]
+    pub protocol: Option<Protocol>,
+    #[arg(long, default_value = "loadgen")]
+    pub collection: String,
+    /// Drop and create the collection before the run.
+    #[arg(long)]
+    pub recreate: bool,
+    #[arg(long, default_value_t = 100)]
+    pub points_per_request: usize,
+    /// Vector dimensions (1024: Qwen3-Embedding-0.6B). Taken from the vectors when they
+    /// come from an endpoint or a file.
+    #[arg(long, default_value_t = 1024)]
+    pub dim: usize,
+    /// Ask Qdrant to answer after the write is applied (true) or on acceptance (false).
+    #[arg(long, default_value_t = true, action = ArgAction::Set)]
+    pub wait: bool,
+    /// Decimals per coordinate in REST JSON (4 gives the reference's ~8 KB per 1024-d
+    /// vector); 0 writes the shortest exact f32 form.
+    #[arg(long, default_value_t = 4)]
+    pub json_decimals: usize,
+
+    #[arg(long, value_enum, default_value_t = VectorSource::Synthetic)]
+    pub vectors: VectorSource,
+    #[arg(long, default_value_t = 42)]
+    pub seed: u64,
+    /// Vectors file: read with --vectors file; the cache written by --vectors embeddings.
+    #[arg(long)]
+    pub vectors_file: Option<PathBuf>,
+    /// Embeddings server base URL (OVMS), e.g. http://127.0.0.1:8000.
+    #[arg(long)]
+    pub embeddings_url: Option<String>,
+    #[arg(long, default_value = "Qwen/Qwen3-Embedding-0.6B")]
+    pub embeddings_model: String,
+    /// Text corpus: a file, or a directory of files.
+    #[arg(long)]
+    pub corpus: Option<PathBuf>,
+    #[arg(long, default_value_t = 32)]
+    pub embed_batch: usize,
+    #[arg(long, default_value_t = 1000)]
+    pub chunk_chars: usize,
+    /// Use at most this many corpus chunks (0: all).
+    #[arg(long, default_value_t = 0)]
+    pub max_chunks: usize,
+    /// Also send embedding requests at this rate (batches/s) during the measured phase.
+    #[arg(long)]
+    pub embed_live: Option<f64>,
+
+    /// new | reuse | per-n=N: a new TLS connection per request, keep-alive, or a new one
+    /// every N requests.
+    #[arg(long, default_value = "reuse")]
+    #[serde(serialize_with = "serialize_display")]
+    pub connection_policy: ConnectionPolicy,
+    #[arg(long, value_enum, default_value_t = OnOff::On)]
+    pub resumption: OnOff,
+    /// Offer only this TLS version (default: 1.3 and 1.2).
+    #[arg(long, value_enum)]
+    pub tls_version: Option<TlsVersionArg>,
+    #[arg(long, default_value = "aws-lc-rs")]
+    pub client_provider: String,
+    #[arg(long, default_value = "x25519")]
+    pub kx: String,
+    /// CA bundle that verifies the target (default: the system bundle).
+    #[arg(long)]
+    pub ca: Option<PathBuf>,
+    /// Do not verify the target's certificate (recorded in the result).
+    #[arg(long)]
+    pub insecure: bool,
+    /// TLS server name (default: the target host).
+    #[arg(long)]
+    pub server_name: Option<String>,
+
+    #[arg(long, default_value_t = 4)]
+    pub concurrency: usize,
+    /// Open loop: requests per second on a fixed schedule. Without it: closed loop.
+    #[arg(long)]
+    pub rate: Option<f64>,
+    /// Measured phase length (default 10s unless --requests is given).
+    #[arg(long)]
+    #[serde(serialize_with = "serialize_opt_duration")]
+    pub duration: Option<humantime::Duration>,
+    /// Measured requests.
+    #[arg(long)]
+    pub requests: Option<u64>,
+    #[arg(long, default_value = "2s")]
+    #[serde(serialize_with = "serialize_duration")]
+    pub warmup: humantime::Duration,
+    #[arg(long, default_value = "30s")]
+    #[serde(serialize_with = "serialize_duration")]
+    pub request_timeout: humantime::Duration,
+
+    /// Write the JSON result here.
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+    /// Attribute a process's CPU: PID or NAME=PID (repeatable).
+    #[arg(long)]
+    pub watch_pid: Vec<String>,
+    /// Attribute the CPU of every process with this command name (repeatable).
+    #[arg(long)]
+    pub watch_process: Vec<String>,
+    #[arg(long, value_enum, default_value_t = PowerChoice::Auto)]
+    pub power: PowerChoice,
+    #[arg(long, default_value = probe::rapl::POWERCAP_ROOT)]
+    pub rapl_root: PathBuf,
+    /// Redfish Power resource, e.g. https://idrac/redfish/v1/Chassis/System.Embedded.1/Power.
+    #[arg(long)]
+    pub redfish: Option<String>,
+    #[arg(long, env = "LOADGEN_REDFISH_USER")]
+    pub redfish_user: Option<String>,
+    #[arg(long, env = "LOADGEN_REDFISH_PASSWORD", hide_env_values = true)]
+    #[serde(skip)]
+    pub redfish_password: Option<String>,
+    #[arg(long)]
+    pub redfish_ca: Option<PathBuf>,
+    #[arg(long)]
+    pub redfish_insecure: bool,
+    /// The proxy's Prometheus endpoint, scraped before and after, e.g. http://127.0.0.1:9090/metrics.
+    #[arg(long)]
+    pub proxy_metrics: Option<String>,
+    /// Count the collection's points before and after and check the difference equals the
+    /// acknowledged points.
+    #[arg(long, default_value_t = true, action = ArgAction::Set)]
+    pub verify_count: bool,
+    /// Tokio worker threads for the load generator (default: all cores).
+    #[arg(long)]
+    pub threads: Option<usize>,
+    /// No live progress line.
+    #[arg(long)]
+    pub quiet: bool,
+
+    /// Comparison cell this run belongs to (set by `compare` and the peers script).
+    #[arg(long, hide = true)]
+    pub cell_provider: Option<String>,
+    #[arg(long, hide = true)]
+    pub cell_algorithm: Option<String>,
+    #[arg(long, hide = true, default_value_t = 1)]
+    pub cell_repeat: u32,
+}
+
+fn serialize_display<T: std::fmt::Display, S: serde::Serializer>(
+    v: &T,
+    s: S,
+) -> Result<S::Ok, S::Error> {
+    s.collect_str(v)
+}
+
+fn serialize_duration<S: serde::Serializer>(
+    v: &humantime::Duration,
+    s: S,
+) -> Result<S::Ok, S::Error> {
+    s.collect_str(v)
+}
+
+fn serialize_opt_duration<S: serde::Serializer>(
+    v: &Option<humantime::Duration>,
+    s: S,
+) -> Result<S::Ok, S::Error> {
+    match v {
+        Some(d) => s.collect_str(d),
+        None => s.serialize_none(),
+    }
+}
+
+impl RunArgs {
+    /// Worker threads the runtime should use.
+    pub fn worker_threads(&self) -> usize {
+        self.threads
+            .unwrap_or_else(|| {
+                std::thread::available_parallelism()
+                    .map(|n| n.get())
+                    .unwrap_or(1)
+            })
+            .max(1)
+    }
+}
+
+/// Vectors for the run, prepared before anything is timed.
+async fn prepare_vectors(args: &RunArgs, needed: usize) -> Result<VectorSet> {
+    match args.vectors {
+        VectorSource::Synthetic => Ok(vectors::synthetic(needed, args.dim, args.seed)),
+        VectorSource::File => {
+            let path = args
+                .vectors_file
+                .as_ref()
+                .ok_or_else(|| anyhow!("--vectors file needs --vectors-file PATH"))?;
+            Ok(vectors::read_vectors_file(path)?.0)
+        }
+        VectorSource::Embeddings => {
+            let (set, cached) =
+                vectors::load_or_embed(&embeddings_options(args)?, embeddings_http(args)?).await?;
+            if !args.quiet {
+                eprintln!(
+                    "vectors: {} x {}-d from {}{}",
+                    set.len(),
+                    set.dim,
+                    set.source,
+                    if cached { " (cached)" } else { "" }
+                );
+            }
+            Ok(set)
+        }
+    }
+}
+
+fn embeddings_options(args: &RunArgs) -> Result<EmbeddingsOptions> {
+    let url = args
+        .embeddings_url
+        .clone()
+        .ok_or_else(|| anyhow!("--vectors embeddings needs --embeddings-url URL"))?;
+    let corpus = args
+        .corpus
+        .clone()
+        .ok_or_else(|| anyhow!("--vectors embeddings needs --corpus FILE|DIR"))?;
+    Ok(EmbeddingsOptions {
+        url,
+        model: args.embeddings_model.clone(),
+        corpus,
+        batch: args.embed_batch,
+        chunk_chars: args.chunk_chars,
+        max_chunks: args.max_chunks,
+        cache: args
+            .vectors_file
+            .clone()
+            .unwrap_or_else(|| PathBuf::from("vectors-cache.bin")),
+    })
+}
+
+fn embeddings_http(args: &RunArgs) -> Result<Options> {
+    let https = args
+        .embeddings_url
+        .as_deref()
+        .is_some_and(|u| u.starts_with("https://"));
+    Ok(Options {
+        tls: if https {
+            Some(trust_config(None, false)?)
+        } else {
+            None
+        },
+        headers: Vec::new(),
+        timeout: Some(Duration::from_secs(120)),
+    })
+}
+
+fn power_source(args: &RunArgs) -> Result<PowerSource> {
+    let redfish = || -> Result<PowerSource> {
+        let url = args
+            .redfish
+            .as_deref()
+            .ok_or_else(|| anyhow!("--power redfish needs --redfish URL"))?;
+        let tls = if url.starts_with("https://") {
+            Some(trust_config(
+                args.redfish_ca.as_deref(),
+                args.redfish_insecure,
+            )?)
+        } else {
+            None
+        };
+        Ok(PowerSource::Redfish(Arc::new(
+            probe::redfish::Redfish::new(
+                url,
+                args.redfish_user.as_deref(),
+                args.redfish_password.as_deref(),
+                tls,
+            ),
+        )))
+    };
+    Ok(match args.power {
+        PowerChoice::None => PowerSource::None("power measurement off (--power none)".to_owned()),
+        PowerChoice::Rapl => PowerSource::Rapl(args.rapl_root.clone()),
+        PowerChoice::Redfish => redfish()?,
+        PowerChoice::Auto if args.redfish.is_some() => redfish()?,
+        PowerChoice::Auto => match probe::rapl::Rapl::open(&args.rapl_root) {
+            Ok(_) => PowerSource::Rapl(args.rapl_root.clone()),
+            Err(reason) => PowerSource::None(reason),
+        },
+    })
+}
+
+fn watched(args: &RunArgs, proc_root: &std::path::Path) -> Result<Vec<Watched>> {
+    let mut out = Vec::new();
+    for spec in &args.watch_pid {
+        let (name, pid) = match spec.split_once('=') {
+            Some((n, p)) => (n.to_owned(), p),
+            None => (format!("pid {spec}"), spec.as_str()),
+        };
+        let pid: u32 = pid
+            .parse()
+            .map_err(|_| anyhow!("--watch-pid {spec:?}: expected PID or NAME=PID"))?;
+        out.push(Watched {
+            name,
+            pids: vec![pid],
+        });
+    }
+    for name in &args.watch_process {
+        let pids = probe::cpu::find_processes(proc_root, name);
+        if pids.is_empty() {
+            bail!("--watch-process {name}: no running process has that name");
+        }
+        out.push(Watched {
+            name: name.clone(),
+            pids,
+        });
+    }
+    Ok(out)
+}
+
+/// Runs the whole thing: set-up, warm-up, measured phase, read-out.
+pub async fn execute(args: &RunArgs, stop: CancellationToken) -> Result<RunResult> {
+    let target = Target::parse(&args.target)?;
+    let protocol = args.protocol.unwrap_or_else(|| target.default_protocol());
+    let client_provider: ProviderName = args
+        .client_provider
+        .parse()
+        .map_err(|e| anyhow!("--client-provider: {e}"))?;
+    let kx: KxGroupName = args.kx.parse().map_err(|e| anyhow!("--kx: {e}"))?;
+    let provider = Provider::new(client_provider, &[kx]).context("--client-provider")?;
+    let library = provider.library_version();
+    let tls = if target.tls {
+        let versions = match args.tls_version {
+            Some(TlsVersionArg::V12) => vec![&rustls::version::TLS12],
+            Some(TlsVersionArg::V13) => vec![&rustls::version::TLS13],
+            None => vec![],
+        };
+        Some(client_config(&TlsOptions {
+            provider,
+            ca: args.ca.clone(),
+            insecure: args.insecure,
+            versions,
+            resumption: args.resumption == OnOff::On,
+            alpn: vec![match protocol {
+                Protocol::Rest => b"http/1.1".to_vec(),
+                Protocol::Grpc => b"h2".to_vec(),
+            }],
+        })?)
+    } else {
+        None
+    };
+    let proc_root = PathBuf::from("/proc");
+    let watched = watched(args, &proc_root)?;
+    let power = power_source(args)?;
+
+    // Vectors and bodies first, outside any timing.
+    let vectors = prepare_vectors(args, 8 * args.points_per_request).await?;
+    let connector = Arc::new(
+        Connector::new(target.clone(), protocol, tls, args.server_name.as_deref())
+            .await
+            .with_context(|| format!("--target {}", args.target))?,
+    );
+    let nonce = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0);
+    let spec = UpsertSpec {
+        protocol,
+        collection: args.collection.clone(),
+        points_per_request: args.points_per_request,
+        wait: args.wait,
+        json_decimals: args.json_decimals,
+    };
+    let workload = Arc::new(Workload::build(
+        spec,
+        &vectors,
+        id_base_for_run(nonce),
+        if target.tls { "https" } else { "http" },
+        connector.authority().as_str(),
+    )?);
+
+    // The control connection also proves the target speaks TLS before any load starts.
+    let mut admin = Admin::connect(&connector)
+        .await
+        .with_context(|| format!("cannot reach {} over {}", target, protocol.as_str()))?;
+    admin
+        .ensure_collection(&args.collection, vectors.dim, args.recreate)
+        .await
+        .with_context(|| format!("preparing collection {:?}", args.collection))?;
+    let count_before = if args.verify_count {
+        Some(admin.count(&args.collection).await)
+    } else {
+        None
+    };
+    drop(admin);
+
+    let started_at = humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string();
+    let duration = match (args.duration, args.requests) {
+        (Some(d), _) => Some(Duration::from(d)),
+        (None, Some(_)) => None,
+        (None, None) => Some(Duration::from_secs(10)),
+    };
+    let mode = match args.rate {
+        Some(r) if r > 0.0 => Mode::Open(r),
+        Some(r) => bail!("--rate {r}: must be above 0"),
+        None => Mode::Closed,
+    };
+    let driver_config = DriverConfig {
+        mode,
+        concurrency: args.concurrency.max(1),
+        policy: args.connection_policy,
+        duration,
+        requests: args.requests,
+        warmup: args.warmup.into(),
+        request_timeout: args.request_timeout.into(),
+        progress: !args.quiet,
+    };
+    let proxy_metrics = args.proxy_metrics.clone().map(|url| {
+        (
+            url,
+            Options {
+                timeout: Some(Duration::from_secs(5)),
+                ..Default::default()
+            },
+        )
+    });
+
+    let live = match args.embed_live {
+        Some(rate) => {
+            let opts = embeddings_options(args)?;
+            let texts = vectors::chunk_corpus(&opts.corpus, opts.chunk_chars)?;
+            let client = EmbeddingsClient::new(&opts.url, &opts.model, embeddings_http(args)?);
+            Some((rate, LiveEmbedder::start(client, texts, opts.batch, rate)))
+        }
+        None => None,
+    };
+
+    // Warm-up runs inside the driver; probes start when the measured phase does.
+    let warmup = driver_config.warmup;
+    let driver_task = tokio::spawn(driver::run(
+        workload.clone(),
+        connector.clone(),
+        driver_config,
+        stop.clone(),
+    ));
+    tokio::select! {
+        _ = tokio::time::sleep(warmup) => {}
+        _ = stop.cancelled() => {}
+    }
+    let probes = ProbeConfig {
+        proc_root: proc_root.clone(),
+        power,
+        watched,
+        proxy_metrics,
+        sample_interval: Duration::from_secs(1),
+    }
+    .start()
+    .await;
+    let outcome = driver_task.await.context("driver task")?;
+    let finished = probes.finish(outcome.ok).await;
+    let embed_live = match live {
+        Some((rate, l)) => {
+            let (ok, failed) = l.stop().await;
+            Some(EmbedLiveRecord {
+                rate_per_s: rate,
+                ok,
+                failed,
+            })
+        }
+        None => None,
+    };
+
+    let verification = match count_before {
+        None => Measured::missing("--verify-count false"),
+        Some(Err(e)) => Measured::missing(format!("counting before the run: {e:#}")),
+        Some(Ok(before)) => {
+            verify(
+                &connector,
+                &args.collection,
+                before,
+                outcome.points_acknowledged,
+                args.wait,
+            )
+            .await
+        }
+    };
+
+    let secs = outcome.elapsed.as_secs_f64();
+    let rate = |n: f64| if secs > 0.0 { n / secs } else { 0.0 };
+    let failed: u64 = outcome.failures.values().sum();
+    let mut warnings = finished.warnings;
+    let threads = args.worker_threads();
+    if finished.cpu.loadgen.percent_of_core > 80.0 * threads as f64 {
+        warnings.push(format!(
+            "loadgen used {:.0}% of a core with {threads} worker thread(s): the load generator, not the target, may be the bottleneck",
+            finished.cpu.loadgen.percent_of_core
+        ));
+    }
+    if let Some(lag) = outcome.schedule_lag_us.as_ref().filter(|h| !h.is_empty()) {
+        let p99_ms = lag.value_at_quantile(0.99) as f64 / 1000.0;
+        if let Mode::Open(r) = mode {
+            if p99_ms > 1000.0 / r + 10.0 {
+                warnings.push(format!(
+                    "the target could not keep up with {r} requests/s: p99 send lag {p99_ms:.1} ms behind the schedule (latencies include that queueing)"
+                ));
+            }
+        }
+    }
+    if failed > 0 {
+        warnings.push(format!("{failed} requests failed; see failures"));
+    }
+    if let Some(v) = verification.as_ref().filter(|v| !v.matches) {
+        warnings.push(format!(
+            "collection grew by {} points but {} were acknowledged",
+            v.count_after as i64 - v.count_before as i64,
+            v.points_acknowledged
+        ));
+    }
+    if outcome.interrupted {
+        warnings.push("interrupted: the figures cover the time until the stop".to_owned());
+    }
+    let result = RunResult {
+        schema: SCHEMA.to_owned(),
+        cell: args.cell_provider.as_ref().map(|p| Cell {
+            provider: p.clone(),
+            algorithm: args.cell_algorithm.clone().unwrap_or_default(),
+            repeat: args.cell_repeat,
+        }),
+        started_at,
+        target: target.to_string(),
+        config: serde_json::to_value(args)?,
+        environment: {
+            let (cpu_model, cores, kernel) = probe::cpu::machine_facts(&proc_root);
+            Environment {
+                cpu_model,
+                cores,
+                kernel,
+                loadgen_version: env!("CARGO_PKG_VERSION").to_owned(),
+                client_provider: client_provider.to_string(),
+                client_library: library,
+                proxy_listeners: finished.proxy_listeners,
+            }
+        },
+        workload: WorkloadRecord {
+            protocol: protocol.as_str().to_owned(),
+            collection: args.collection.clone(),
+            points_per_request: args.points_per_request,
+            dim: vectors.dim,
+            wait: args.wait,
+            vectors_source: vectors.source.clone(),
+            request_body_bytes: workload.body_bytes(),
+            json_decimals: args.json_decimals,
+        },
+        tls_verification: target.tls && !args.insecure,
+        measured_seconds: secs,
+        requests_ok: outcome.ok,
+        requests_failed: failed,
+        failures: outcome
+            .failures
+            .iter()
+            .map(|(k, v)| (k.to_string(), *v))
+            .collect(),
+        failure_examples: outcome
+            .failure_examples
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.clone()))
+            .collect(),
+        warmup_requests: outcome.warmup_ok + outcome.warmup_failed,
+        requests_per_second: rate(outcome.ok as f64),
+        points_per_second: rate((outcome.ok * args.points_per_request as u64) as f64),
+        payload_mb_per_second: rate(outcome.ok_body_bytes as f64) / 1e6,
+        latency_ms: Percentiles::from_us(&outcome.latency_us),
+        handshakes: HandshakeRecord {
+            count: outcome.handshakes,
+            resumed: outcome.resumed_handshakes,
+            latency_ms: Percentiles::from_us(&outcome.handshake_us),
+        },
+        schedule_lag_ms: outcome
+            .schedule_lag_us
+            .as_ref()
+            .and_then(Percentiles::from_us),
+        cpu: finished.cpu,
+        power: finished.power,
+        proxy_metrics: finished.proxy,
+        verification,
+        embed_live,
+        warnings,
+        interrupted: outcome.interrupted,
+    };
+    if let Some(path) = &args.out {
+        write_json(path, &result)?;
+    }
+    Ok(result)
+}
+
+async fn verify(
+    connector: &Connector,
+    collection: &str,
+    before: u64,
+    acknowledged: u64,
+    wait: bool,
+) -> Measured<Verification> {
+    let mut admin = match Admin::connect(connector).await {
+        Ok(a) => a,
+        Err(e) => return Measured::missing(format!("counting after the run: {e:#}")),
+    };
+    // With wait=false the last writes may still be applying; give them a few seconds.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(if wait { 0 } else { 10 });
+    loop {
+        match admin.count(collection).await {
+            Ok(after) => {
+                let matches = after.checked_sub(before) == Some(acknowledged);
+                if matches || tokio::time::Instant::now() >= deadline {
+                    return Measured::ok(Verification {
+                        count_before: before,
+                        count_after: after,
+                        points_acknowledged: acknowledged,
+                        matches,
+                    });
+                }
+            }
+            Err(e) => return Measured::missing(format!("counting after the run: {e:#}")),
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+pub fn write_json<T: Serialize>(path: &std::path::Path, value: &T) -> Result<()> {
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    let tmp = path.with_extension("json.partial");
+    std::fs::write(&tmp, serde_json::to_vec_pretty(value)?)
+        .with_context(|| format!("writing {}", tmp.display()))?;
+    std::fs::rename(&tmp, path).with_context(|| format!("writing {}", path.display()))?;
+    Ok(())
+}

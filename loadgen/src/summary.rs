@@ -1,0 +1,143 @@
+//! The human summary of one run, printed on stdout.
+
+use std::fmt::Write;
+
+use crate::result::{Measured, RunResult};
+
+pub fn render(r: &RunResult) -> String {
+    let mut s = String::new();
+    let w = &r.workload;
+    let _ = writeln!(
+        s,
+        "target {} ({}, {} points x {}-d, {} bytes/request, wait={}), TLS verification {}",
+        r.target,
+        w.protocol,
+        w.points_per_request,
+        w.dim,
+        w.request_body_bytes,
+        w.wait,
+        if r.tls_verification { "on" } else { "OFF" }
+    );
+    let _ = writeln!(
+        s,
+        "measured {:.2} s: {} ok, {} failed ({} warm-up requests excluded)",
+        r.measured_seconds, r.requests_ok, r.requests_failed, r.warmup_requests
+    );
+    for (kind, n) in &r.failures {
+        let example = r
+            .failure_examples
+            .get(kind)
+            .map(String::as_str)
+            .unwrap_or("");
+        let _ = writeln!(s, "  failed {kind}: {n}  (first: {example})");
+    }
+    let _ = writeln!(
+        s,
+        "throughput: {:.1} requests/s, {:.0} points/s, {:.2} MB/s of request bodies",
+        r.requests_per_second, r.points_per_second, r.payload_mb_per_second
+    );
+    if let Some(l) = &r.latency_ms {
+        let _ = writeln!(
+            s,
+            "latency ms: p50 {:.2}  p90 {:.2}  p99 {:.2}  p99.9 {:.2}  max {:.2}",
+            l.p50, l.p90, l.p99, l.p999, l.max
+        );
+    }
+    if let Some(h) = &r.handshakes.latency_ms {
+        let _ = writeln!(
+            s,
+            "handshakes: {} ({} resumed), connect+TLS ms p50 {:.2}  p99 {:.2}",
+            r.handshakes.count, r.handshakes.resumed, h.p50, h.p99
+        );
+    }
+    if let Some(l) = &r.schedule_lag_ms {
+        let _ = writeln!(
+            s,
+            "open loop send lag ms: p50 {:.2}  p99 {:.2}  max {:.2}",
+            l.p50, l.p99, l.max
+        );
+    }
+    let _ = writeln!(
+        s,
+        "CPU: system {}; loadgen {:.3} s ({:.1}% of a core, {} per request)",
+        measured(&r.cpu.system_utilisation_percent, |v| format!("{v:.1}%")),
+        r.cpu.loadgen.cpu_seconds,
+        r.cpu.loadgen.percent_of_core,
+        per_request(r.cpu.loadgen.cpu_seconds_per_request)
+    );
+    for p in &r.cpu.watched {
+        let _ = writeln!(
+            s,
+            "  {} {:?}: {:.3} s ({:.1}% of a core, {} per request)",
+            p.name,
+            p.pids,
+            p.cpu_seconds,
+            p.percent_of_core,
+            per_request(p.cpu_seconds_per_request)
+        );
+    }
+    let _ = writeln!(
+        s,
+        "proxy /metrics: {}",
+        measured(&r.proxy_metrics, |m| format!(
+            "{} handshakes ({} resumed), {} requests, CPU {} s, {} per request",
+            m.handshakes,
+            m.resumed_handshakes,
+            m.requests,
+            m.cpu_seconds
+                .map(|c| format!("{c:.3}"))
+                .unwrap_or_else(|| "n/a".into()),
+            per_request(m.cpu_seconds_per_request)
+        ))
+    );
+    let _ = writeln!(
+        s,
+        "power: {}",
+        measured(&r.power, |p| format!(
+            "{} {:.1} W mean, {:.1} J, {:.3} J per request",
+            p.source,
+            p.mean_watts,
+            p.joules,
+            if r.requests_ok > 0 {
+                p.joules / r.requests_ok as f64
+            } else {
+                f64::NAN
+            }
+        ))
+    );
+    let _ = writeln!(
+        s,
+        "stored: {}",
+        measured(&r.verification, |v| format!(
+            "collection count {} -> {}, acknowledged {} points: {}",
+            v.count_before,
+            v.count_after,
+            v.points_acknowledged,
+            if v.matches { "match" } else { "MISMATCH" }
+        ))
+    );
+    if let Some(e) = &r.embed_live {
+        let _ = writeln!(
+            s,
+            "live embeddings: {} ok, {} failed at {}/s",
+            e.ok, e.failed, e.rate_per_s
+        );
+    }
+    for warning in &r.warnings {
+        let _ = writeln!(s, "WARNING: {warning}");
+    }
+    s
+}
+
+fn per_request(v: Option<f64>) -> String {
+    v.map(|v| format!("{:.3} ms CPU", v * 1000.0))
+        .unwrap_or_else(|| "n/a".to_owned())
+}
+
+fn measured<T>(m: &Measured<T>, f: impl Fn(&T) -> String) -> String {
+    match (&m.value, &m.reason) {
+        (Some(v), _) => f(v),
+        (None, Some(reason)) => format!("n/a ({reason})"),
+        (None, None) => "n/a".to_owned(),
+    }
+}

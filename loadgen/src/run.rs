@@ -487,28 +487,40 @@ pub async fn execute(args: &RunArgs, stop: CancellationToken) -> Result<RunResul
         None => None,
     };
 
-    // Warm-up runs inside the driver; probes start when the measured phase does.
+    // Warm-up runs inside the driver; probes start when the measured phase does. Without a
+    // warm-up they start before the first request, so the proxy's counters match exactly.
     let warmup = driver_config.warmup;
-    let driver_task = tokio::spawn(driver::run(
-        workload.clone(),
-        connector.clone(),
-        driver_config,
-        stop.clone(),
-    ));
-    tokio::select! {
-        _ = tokio::time::sleep(warmup) => {}
-        _ = stop.cancelled() => {}
-    }
-    let probes = ProbeConfig {
+    let probe_config = ProbeConfig {
         proc_root: proc_root.clone(),
         power,
         watched,
         proxy_metrics,
         sample_interval: Duration::from_secs(1),
-    }
-    .start()
-    .await;
-    let outcome = driver_task.await.context("driver task")?;
+    };
+    let (probes, outcome) = if warmup.is_zero() {
+        let probes = probe_config.start().await;
+        let outcome = driver::run(
+            workload.clone(),
+            connector.clone(),
+            driver_config,
+            stop.clone(),
+        )
+        .await;
+        (probes, outcome)
+    } else {
+        let driver_task = tokio::spawn(driver::run(
+            workload.clone(),
+            connector.clone(),
+            driver_config,
+            stop.clone(),
+        ));
+        tokio::select! {
+            _ = tokio::time::sleep(warmup) => {}
+            _ = stop.cancelled() => {}
+        }
+        let probes = probe_config.start().await;
+        (probes, driver_task.await.context("driver task")?)
+    };
     let finished = probes.finish(outcome.ok).await;
     let embed_live = match live {
         Some((rate, l)) => {

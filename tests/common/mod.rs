@@ -796,3 +796,198 @@ pub async fn request_bounded(
         Err(_) => Err(format!("no answer within {WAIT:?}")),
     }
 }
+
+// ---------------------------------------------------------------------------------------
+// loadgen
+
+/// A finished `loadgen` process.
+pub struct LoadgenRun {
+    pub status: ExitStatus,
+    pub stdout: String,
+    pub stderr: String,
+    /// The `--out` JSON, when the run wrote one.
+    pub result: Option<serde_json::Value>,
+}
+
+/// Runs `loadgen ARGS` to completion (killed after 5 minutes: every run in these tests is
+/// bounded far below that). `out` is passed as `--out` when given and read back.
+pub fn run_loadgen(args: &[String], out: Option<&Path>) -> LoadgenRun {
+    let dir = temp_dir("loadgen");
+    let stdout_path = dir.join("stdout");
+    let stderr_path = dir.join("stderr");
+    let mut cmd = Command::new(binary("loadgen"));
+    cmd.args(args)
+        .stdin(Stdio::null())
+        .stdout(std::fs::File::create(&stdout_path).expect("stdout file"))
+        .stderr(std::fs::File::create(&stderr_path).expect("stderr file"));
+    if let Some(out) = out {
+        cmd.arg("--out").arg(out);
+    }
+    let mut child = cmd.spawn().expect("spawn loadgen");
+    let deadline = Instant::now() + Duration::from_secs(300);
+    let status = loop {
+        if let Some(s) = child.try_wait().expect("try_wait") {
+            break s;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("loadgen did not finish within 5 minutes");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let result = out
+        .and_then(|p| std::fs::read(p).ok())
+        .map(|b| serde_json::from_slice(&b).expect("result JSON parses"));
+    LoadgenRun {
+        status,
+        stdout: std::fs::read_to_string(stdout_path).unwrap_or_default(),
+        stderr: std::fs::read_to_string(stderr_path).unwrap_or_default(),
+        result,
+    }
+}
+
+/// Owned argument list from string slices.
+pub fn args(list: &[&str]) -> Vec<String> {
+    list.iter().map(|s| (*s).to_owned()).collect()
+}
+
+/// A Qdrant stand-in that answers every request with 200 and a Qdrant-shaped JSON body after
+/// `delay`, one at a time per connection: a deliberately slow upstream.
+pub struct SlowQdrant {
+    pub addr: SocketAddr,
+    _guard: ServerGuard,
+}
+
+impl SlowQdrant {
+    pub fn start(delay: Duration) -> Self {
+        let (addr, guard) = spawn_server(move |listener| async move {
+            loop {
+                let Ok((stream, _)) = listener.accept().await else {
+                    continue;
+                };
+                tokio::task::spawn_local(async move {
+                    let svc = service_fn(move |req: Request<Incoming>| async move {
+                        let _ = req.into_body().collect().await;
+                        tokio::time::sleep(delay).await;
+                        Ok::<_, Infallible>(
+                            Response::builder()
+                                .header("content-type", "application/json")
+                                .body(Full::new(Bytes::from_static(
+                                    br#"{"result":{"status":"acknowledged"},"status":"ok","time":0.1}"#,
+                                )))
+                                .expect("response"),
+                        )
+                    });
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(stream), svc)
+                        .await;
+                });
+            }
+        });
+        Self {
+            addr,
+            _guard: guard,
+        }
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+}
+
+/// A stand-in for OpenVINO Model Server's OpenAI-compatible embeddings endpoint
+/// (`POST /v3/embeddings`), since OVMS cannot run here: deterministic `dim`-d unit vectors
+/// derived from each input text, in the OpenAI answer shape. Counts the calls it served.
+pub struct FakeOvms {
+    pub addr: SocketAddr,
+    pub calls: Arc<std::sync::atomic::AtomicU64>,
+    _guard: ServerGuard,
+}
+
+impl FakeOvms {
+    pub fn start(dim: usize) -> Self {
+        let calls = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let counter = calls.clone();
+        let (addr, guard) = spawn_server(move |listener| async move {
+            loop {
+                let Ok((stream, _)) = listener.accept().await else {
+                    continue;
+                };
+                let counter = counter.clone();
+                tokio::task::spawn_local(async move {
+                    let svc = service_fn(move |req: Request<Incoming>| {
+                        let counter = counter.clone();
+                        async move { Ok::<_, Infallible>(fake_embeddings(req, dim, &counter).await) }
+                    });
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(stream), svc)
+                        .await;
+                });
+            }
+        });
+        Self {
+            addr,
+            calls,
+            _guard: guard,
+        }
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    pub fn calls(&self) -> u64 {
+        self.calls.load(std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
+async fn fake_embeddings(
+    req: Request<Incoming>,
+    dim: usize,
+    calls: &std::sync::atomic::AtomicU64,
+) -> Response<Full<Bytes>> {
+    let bad = |code: u16, msg: &str| {
+        Response::builder()
+            .status(code)
+            .body(Full::new(Bytes::from(
+                serde_json::json!({"error": msg}).to_string(),
+            )))
+            .expect("response")
+    };
+    if req.method() != http::Method::POST || req.uri().path() != "/v3/embeddings" {
+        return bad(404, "not found");
+    }
+    let body = req
+        .into_body()
+        .collect()
+        .await
+        .map(|b| b.to_bytes())
+        .unwrap_or_default();
+    let Ok(v) = serde_json::from_slice::<serde_json::Value>(&body) else {
+        return bad(400, "body is not JSON");
+    };
+    let (Some(model), Some(input)) = (v["model"].as_str(), v["input"].as_array()) else {
+        return bad(400, "model and input are required");
+    };
+    calls.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let data: Vec<serde_json::Value> = input
+        .iter()
+        .enumerate()
+        .map(|(i, text)| {
+            let seed = Sha256::digest(text.as_str().unwrap_or("").as_bytes());
+            let seed = u64::from_le_bytes(seed[..8].try_into().expect("8 bytes"));
+            let v = unit_vectors(1, dim, seed).remove(0);
+            serde_json::json!({"object": "embedding", "index": i, "embedding": v})
+        })
+        .collect();
+    let answer = serde_json::json!({
+        "object": "list",
+        "model": model,
+        "data": data,
+        "usage": {"prompt_tokens": 0, "total_tokens": 0},
+    });
+    Response::builder()
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from(answer.to_string())))
+        .expect("response")
+}

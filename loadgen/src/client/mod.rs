@@ -325,6 +325,17 @@ impl Conn {
                         ),
                     ));
                 }
+                // Qdrant answers {"result":…,"status":"ok","time":…}; a 200 without it is not
+                // an acknowledged write (a misrouted request, a different server).
+                if !contains(&body, br#""status":"ok""#) {
+                    return Err(Failure::new(
+                        FailureKind::Protocol,
+                        format!(
+                            "HTTP 200 without a Qdrant \"status\":\"ok\" answer: {}",
+                            String::from_utf8_lossy(&body[..body.len().min(300)])
+                        ),
+                    ));
+                }
                 Ok(())
             }
             Conn::H2 { sender, .. } => {
@@ -335,6 +346,17 @@ impl Conn {
                     return Err(Failure::new(
                         FailureKind::HttpStatus(parts.status.as_u16()),
                         format!("HTTP {} on a gRPC call", parts.status),
+                    ));
+                }
+                let is_grpc = parts
+                    .headers
+                    .get(::http::header::CONTENT_TYPE)
+                    .and_then(|v| v.to_str().ok())
+                    .is_some_and(|v| v.starts_with("application/grpc"));
+                if !is_grpc {
+                    return Err(Failure::new(
+                        FailureKind::Protocol,
+                        "HTTP 200 but not a gRPC answer",
                     ));
                 }
                 // A trailers-only answer carries grpc-status in the headers.
@@ -354,6 +376,10 @@ impl Conn {
             Conn::H2 { sender, .. } => sender.is_closed(),
         }
     }
+}
+
+fn contains(haystack: &[u8], needle: &[u8]) -> bool {
+    haystack.windows(needle.len()).any(|w| w == needle)
 }
 
 fn grpc_outcome(headers: &::http::HeaderMap) -> Result<(), Failure> {

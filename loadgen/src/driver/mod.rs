@@ -315,18 +315,19 @@ async fn worker(
                         let _ = handshake.record(d.as_micros() as u64);
                     }
                 }
+                let us = done.saturating_duration_since(due).as_micros() as u64;
+                if let Ok(mut live) = shared.live_latency.lock() {
+                    let _ = live.record(us);
+                }
                 if measured {
-                    let us = done.saturating_duration_since(due).as_micros() as u64;
                     let _ = latency.record(us);
                     tally.ok += 1;
                     tally.ok_body_bytes += body_len;
                     tally.last_done = Some(done);
                     shared.live_ok.fetch_add(1, Ordering::Relaxed);
-                    if let Ok(mut live) = shared.live_latency.lock() {
-                        let _ = live.record(us);
-                    }
                 } else {
                     tally.warmup_ok += 1;
+                    shared.live_ok.fetch_add(1, Ordering::Relaxed);
                 }
             }
             Err(failure) => {
@@ -342,6 +343,7 @@ async fn worker(
                     shared.live_failed.fetch_add(1, Ordering::Relaxed);
                 } else {
                     tally.warmup_failed += 1;
+                    shared.live_failed.fetch_add(1, Ordering::Relaxed);
                 }
             }
         }

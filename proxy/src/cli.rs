@@ -78,6 +78,9 @@ pub struct Overrides {
     /// Admin listener (/metrics, /healthz, /readyz).
     #[arg(long, value_name = "ADDR")]
     admin: Option<String>,
+    /// Bearer token file that enables POST /admin/tls (run-time provider/certificate switch).
+    #[arg(long, value_name = "FILE")]
+    admin_token_file: Option<PathBuf>,
     /// Lowest TLS version: 1.2 or 1.3.
     #[arg(long, value_name = "V")]
     tls_min: Option<TlsVersion>,
@@ -193,6 +196,9 @@ pub fn resolve(config_file: Option<&PathBuf>, o: &Overrides) -> Result<Config, C
     };
     if let Some(p) = o.provider {
         cfg.provider = p;
+    }
+    if let Some(f) = &o.admin_token_file {
+        cfg.admin.token_file = Some(f.clone());
     }
     if let Some(a) = &o.admin {
         cfg.admin.listen = a.clone();

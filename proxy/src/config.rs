@@ -162,12 +162,17 @@ pub struct AdminConfig {
     /// Bind address; see [`DEFAULT_ADMIN_LISTEN`].
     #[serde(default = "default_admin_listen")]
     pub listen: String,
+    /// File holding the bearer token that authorises `POST /admin/tls` (switching a
+    /// listener's provider and certificate at run time). Without it that endpoint is off.
+    #[serde(default)]
+    pub token_file: Option<std::path::PathBuf>,
 }
 
 impl Default for AdminConfig {
     fn default() -> Self {
         Self {
             listen: default_admin_listen(),
+            token_file: None,
         }
     }
 }

@@ -7,7 +7,7 @@
 //!
 //! Module map: [`crypto`] (providers, keys, certificates), [`tls`] (server configs and the
 //! handshake path), [`http`] (L7 forwarding), [`tcp`] (L4 splice), [`admin`] (metrics and
-//! health), [`config`] (the typed configuration), [`server`] (listeners, limits, shutdown),
+//! health), [`config`] (the typed configuration), [`server`] (listeners, limits, shutdown), [`switch`] (run-time TLS switching),
 //! [`cli`] (the command line).
 
 // Unsafe code is confined to the OpenSSL provider calls of `crypto::qat` (its `ffi` module).
@@ -21,6 +21,7 @@ pub mod crypto;
 pub mod http;
 pub mod io;
 pub mod server;
+pub mod switch;
 pub mod tcp;
 pub mod tls;
 pub mod upstream;

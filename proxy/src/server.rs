@@ -7,7 +7,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use prometheus::IntGauge;
-use rustls::ServerConfig;
 use tokio::net::{TcpListener, TcpSocket, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
@@ -20,6 +19,7 @@ use crate::crypto::qat::{self, Fallback, QatState};
 use crate::crypto::{load_certified_key, Provider, ProviderName};
 use crate::http::HttpForwarder;
 use crate::io::{Activity, CountingIo};
+use crate::switch::{ListenerTls, SwitchableListener, TlsSwitch};
 use crate::tls::{self, HandshakePool, Offload};
 use crate::upstream::UpstreamAddr;
 
@@ -36,7 +36,7 @@ pub struct StartupError(pub String);
 /// What the connection task needs to know about its listener.
 struct ListenerCtx {
     name: String,
-    tls: Arc<ServerConfig>,
+    tls: Arc<SwitchableListener>,
     offload: Offload,
     limits: Limits,
     metrics: ListenerMetrics,
@@ -52,6 +52,8 @@ enum Mode {
 pub struct Proxy {
     listeners: Vec<(TcpListener, Arc<ListenerCtx>)>,
     admin: TcpListener,
+    switch: Option<Arc<TlsSwitch>>,
+    admin_token: Option<String>,
     metrics: Metrics,
     limits: Limits,
     pool: Option<HandshakePool>,
@@ -150,11 +152,24 @@ impl Proxy {
                 handshake = offload.label(),
                 "listener ready"
             );
+            let switchable = Arc::new(SwitchableListener::new(
+                name.clone(),
+                ListenerTls {
+                    config: tls_config,
+                    metrics: lm.clone(),
+                    provider: provider_name,
+                    algorithm: cert.algorithm.label(),
+                },
+                lc.tls.clone(),
+                default_alpn,
+                mode_label,
+                offload.label(),
+            ));
             listeners.push((
                 socket,
                 Arc::new(ListenerCtx {
                     name,
-                    tls: tls_config,
+                    tls: switchable,
                     offload: offload.clone(),
                     limits: config.limits.clone(),
                     metrics: lm,
@@ -171,7 +186,7 @@ impl Proxy {
                 Err(reason) => tracing::info!(%reason, "QAT telemetry unavailable"),
             }
             metrics.enable_qat(
-                qat_state.filter(|_| qat_offload_active),
+                qat_state.clone().filter(|_| qat_offload_active),
                 config.qat.telemetry_root.clone(),
                 config.qat.enable_telemetry,
             );
@@ -185,9 +200,23 @@ impl Proxy {
                 "admin listener: cannot listen on {admin_addr}: {e}"
             ))
         })?;
+        let token = match &config.admin.token_file {
+            Some(path) => Some(read_token(path)?),
+            None => None,
+        };
+        let switch = token.map(|token| {
+            let switchable = listeners.iter().map(|(_, ctx)| ctx.tls.clone()).collect();
+            let qat = qat_state.filter(|_| qat_offload_active);
+            (
+                token,
+                Arc::new(TlsSwitch::new(switchable, metrics.clone(), qat)),
+            )
+        });
         Ok(Self {
             listeners,
             admin,
+            switch: switch.as_ref().map(|(_, s)| s.clone()),
+            admin_token: switch.map(|(t, _)| t),
             metrics,
             limits: config.limits.clone(),
             pool,
@@ -214,6 +243,7 @@ impl Proxy {
             AdminState {
                 metrics: self.metrics.clone(),
                 ready: ready.clone(),
+                switch: self.switch.clone().zip(self.admin_token.clone()),
             },
             admin_stop.clone(),
         ));
@@ -281,6 +311,20 @@ fn activate_qat(config: &Config) -> Result<Option<Arc<QatState>>, StartupError> 
         }
         Err(e) => Err(StartupError(format!("openssl-qat: {e}"))),
     }
+}
+
+/// The admin bearer token: the file's content, trimmed; empty is refused.
+fn read_token(path: &Path) -> Result<String, StartupError> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| StartupError(format!("admin.token_file {}: {e}", path.display())))?;
+    let token = text.trim().to_owned();
+    if token.len() < 16 {
+        return Err(StartupError(format!(
+            "admin.token_file {}: the token must be at least 16 characters",
+            path.display()
+        )));
+    }
+    Ok(token)
 }
 
 fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
@@ -360,9 +404,12 @@ async fn handle_connection(
     let io = CountingIo::new(stream, m.received.clone(), m.sent.clone(), activity.clone());
     let started = Instant::now();
 
+    // Read once: a switch while this handshake runs does not affect it.
+    let current = ctx.tls.current();
+    let m = &current.metrics;
     let handshake = tokio::time::timeout(
         ctx.limits.handshake_timeout,
-        tls::accept(io, ctx.tls.clone(), &ctx.offload),
+        tls::accept(io, current.config.clone(), &ctx.offload),
     )
     .await;
     let tls_stream = match handshake {

@@ -196,6 +196,21 @@ impl Metrics {
         }
     }
 
+    /// Removes a listener's info series after its provider or certificate was switched,
+    /// so `proxy_listener_info` shows only what is in effect.
+    pub fn retire_listener_info(
+        &self,
+        listener: &str,
+        provider: &str,
+        algorithm: &str,
+        mode: &str,
+        offload: &str,
+    ) {
+        let _ = self
+            .listener_info
+            .remove_label_values(&[listener, provider, algorithm, mode, offload]);
+    }
+
     /// Adds the QAT metrics (once; `state` is `None` when offload fell back to software).
     pub fn enable_qat(
         &self,

@@ -1,0 +1,213 @@
+//! Run-time TLS switching: a listener's provider and certificate replaced while it serves.
+//!
+//! Each listener reads its current [`ListenerTls`] once per accepted connection from an
+//! `ArcSwap`, so a switch is one atomic pointer store: connections accepted afterwards
+//! handshake with the new configuration, established ones keep theirs, and nothing is
+//! dropped. The new configuration is built exactly as start-up builds it (provider with the
+//! listener's key-exchange groups, key loaded through the provider and proven against the
+//! certificate, the QAT signing proof for openssl-qat), so a bad request changes nothing.
+//!
+//! `loadgen compare --proxy-admin URL` drives this through `POST /admin/tls`, authorised by
+//! the bearer token in `admin.token_file`.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use arc_swap::ArcSwap;
+use rustls::ServerConfig;
+use serde::{Deserialize, Serialize};
+
+use crate::admin::{ListenerMetrics, Metrics};
+use crate::config::TlsPolicy;
+use crate::crypto::qat::QatState;
+use crate::crypto::{load_certified_key, Provider, ProviderName};
+use crate::tls;
+
+/// What a listener handshakes with right now.
+pub struct ListenerTls {
+    /// The rustls configuration.
+    pub config: Arc<ServerConfig>,
+    /// Metrics labelled with this provider and algorithm.
+    pub metrics: ListenerMetrics,
+    /// The provider in effect.
+    pub provider: ProviderName,
+    /// The certificate's algorithm label.
+    pub algorithm: &'static str,
+}
+
+/// One listener's switchable TLS state and what a rebuild needs.
+pub struct SwitchableListener {
+    /// Listener name.
+    pub name: String,
+    current: ArcSwap<ListenerTls>,
+    policy: TlsPolicy,
+    default_alpn: Vec<Vec<u8>>,
+    mode_label: &'static str,
+    offload_label: &'static str,
+}
+
+impl SwitchableListener {
+    /// Wraps the start-up state of a listener.
+    pub fn new(
+        name: String,
+        initial: ListenerTls,
+        policy: TlsPolicy,
+        default_alpn: &[&[u8]],
+        mode_label: &'static str,
+        offload_label: &'static str,
+    ) -> Self {
+        Self {
+            name,
+            current: ArcSwap::from_pointee(initial),
+            policy,
+            default_alpn: default_alpn.iter().map(|p| p.to_vec()).collect(),
+            mode_label,
+            offload_label,
+        }
+    }
+
+    /// The state a new connection should use.
+    pub fn current(&self) -> Arc<ListenerTls> {
+        self.current.load_full()
+    }
+}
+
+/// A switch request, as `POST /admin/tls` takes it (JSON).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SwitchRequest {
+    /// Which listener; all listeners when absent.
+    #[serde(default)]
+    pub listener: Option<String>,
+    /// The provider to switch to.
+    pub provider: ProviderName,
+    /// Certificate chain, PEM, as a path on the proxy's host.
+    pub cert: PathBuf,
+    /// Private key, PEM, as a path on the proxy's host.
+    pub key: PathBuf,
+}
+
+/// What a switch did, per listener.
+#[derive(Debug, Serialize)]
+pub struct SwitchOutcome {
+    /// Listener name.
+    pub listener: String,
+    /// Provider now in effect.
+    pub provider: String,
+    /// Certificate algorithm now in effect.
+    pub algorithm: String,
+    /// Library behind the provider.
+    pub library: String,
+}
+
+/// Why a switch was refused; nothing changed.
+#[derive(Debug, thiserror::Error)]
+pub enum SwitchError {
+    /// No listener by that name.
+    #[error("no listener named {0:?}")]
+    UnknownListener(String),
+    /// The provider, key or certificate could not be used.
+    #[error("{0}")]
+    Invalid(String),
+}
+
+/// Every switchable listener of the process.
+pub struct TlsSwitch {
+    listeners: Vec<Arc<SwitchableListener>>,
+    metrics: Metrics,
+    qat: Option<Arc<QatState>>,
+}
+
+impl TlsSwitch {
+    /// `qat` is the activated QAT provider, when the process loaded one at start-up.
+    pub fn new(
+        listeners: Vec<Arc<SwitchableListener>>,
+        metrics: Metrics,
+        qat: Option<Arc<QatState>>,
+    ) -> Self {
+        Self {
+            listeners,
+            metrics,
+            qat,
+        }
+    }
+
+    /// Builds every new configuration first, then installs them; on any error nothing is
+    /// installed. Blocking (key loading, the signing proof): call from a blocking thread.
+    pub fn apply(&self, req: &SwitchRequest) -> Result<Vec<SwitchOutcome>, SwitchError> {
+        let targets: Vec<&Arc<SwitchableListener>> = match &req.listener {
+            Some(name) => vec![self
+                .listeners
+                .iter()
+                .find(|l| &l.name == name)
+                .ok_or_else(|| SwitchError::UnknownListener(name.clone()))?],
+            None => self.listeners.iter().collect(),
+        };
+        if req.provider == ProviderName::OpensslQat && self.qat.is_none() {
+            return Err(SwitchError::Invalid(
+                "openssl-qat is not active in this process: start the proxy with an openssl-qat listener (and a working QAT provider) to switch to it".to_owned(),
+            ));
+        }
+        let invalid = |l: &SwitchableListener, e: &dyn std::fmt::Display| {
+            SwitchError::Invalid(format!("listener {:?}: {e}", l.name))
+        };
+        let mut built = Vec::with_capacity(targets.len());
+        for l in &targets {
+            let provider =
+                Provider::new(req.provider, &l.policy.kx_groups).map_err(|e| invalid(l, &e))?;
+            let cert =
+                load_certified_key(&provider, &req.cert, &req.key).map_err(|e| invalid(l, &e))?;
+            if let (ProviderName::OpensslQat, Some(state)) = (req.provider, &self.qat) {
+                state
+                    .prove_signing(&req.key)
+                    .map_err(|e| invalid(l, &format!("openssl-qat: {e}")))?;
+            }
+            let alpn: Vec<&[u8]> = l.default_alpn.iter().map(Vec::as_slice).collect();
+            let config = tls::server_config(&provider, &cert, &l.policy, &alpn)
+                .map_err(|e| invalid(l, &e))?;
+            built.push((l, provider, cert.algorithm.label(), config));
+        }
+        let mut outcomes = Vec::with_capacity(built.len());
+        for (l, provider, algorithm, config) in built {
+            let old = l.current();
+            let metrics = self.metrics.listener(
+                &l.name,
+                provider.name().as_str(),
+                algorithm,
+                l.mode_label,
+                l.offload_label,
+            );
+            l.current.store(Arc::new(ListenerTls {
+                config,
+                metrics,
+                provider: provider.name(),
+                algorithm,
+            }));
+            if (old.provider, old.algorithm) != (provider.name(), algorithm) {
+                self.metrics.retire_listener_info(
+                    &l.name,
+                    old.provider.as_str(),
+                    old.algorithm,
+                    l.mode_label,
+                    l.offload_label,
+                );
+            }
+            tracing::info!(
+                listener = %l.name,
+                from_provider = old.provider.as_str(),
+                from_algorithm = old.algorithm,
+                provider = provider.name().as_str(),
+                algorithm,
+                certificate = %req.cert.display(),
+                "TLS configuration switched"
+            );
+            outcomes.push(SwitchOutcome {
+                listener: l.name.clone(),
+                provider: provider.name().to_string(),
+                algorithm: algorithm.to_owned(),
+                library: provider.library_version(),
+            });
+        }
+        Ok(outcomes)
+    }
+}

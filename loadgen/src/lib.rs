@@ -5,11 +5,14 @@
 //! Module map: [`vectors`] (where vectors come from), [`workload`] (request bodies, built
 //! before timing), [`client`] (TLS client, connections, Qdrant set-up calls), [`driver`]
 //! (closed and open loop), [`probe`] (CPU, power, proxy metrics), [`result`] (the JSON
-//! result), [`summary`] (the human summary), [`run`] (one run, end to end).
+//! result), [`summary`] (the human summary), [`run`] (one run, end to end), [`compare`] (the
+//! provider x algorithm matrix), [`report`] (Markdown, CSV and HTML from the JSON).
 
 pub mod client;
+pub mod compare;
 pub mod driver;
 pub mod probe;
+pub mod report;
 pub mod result;
 pub mod run;
 pub mod summary;

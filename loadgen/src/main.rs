@@ -5,6 +5,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 use tokio_util::sync::CancellationToken;
 
+use loadgen::compare::CompareArgs;
 use loadgen::run::RunArgs;
 
 #[derive(Parser)]
@@ -22,6 +23,24 @@ struct Cli {
 enum Command {
     /// One measured run against a target: the JSON result (--out) and a summary.
     Run(Box<RunArgs>),
+    /// The provider x certificate-algorithm matrix against the proxy, then the report.
+    Compare(Box<CompareArgs>),
+    /// Render report.md, report.csv and report.html from a compare folder's JSON.
+    Report {
+        /// The folder `loadgen compare --out` wrote.
+        dir: std::path::PathBuf,
+    },
+}
+
+fn runtime(threads: Option<usize>) -> Result<tokio::runtime::Runtime, ExitCode> {
+    let mut b = tokio::runtime::Builder::new_multi_thread();
+    if let Some(n) = threads {
+        b.worker_threads(n);
+    }
+    b.enable_all().build().map_err(|e| {
+        eprintln!("error: starting the runtime: {e}");
+        ExitCode::from(1)
+    })
 }
 
 fn main() -> ExitCode {
@@ -34,18 +53,11 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Run(args) => {
-            let runtime = match tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(args.worker_threads())
-                .enable_all()
-                .build()
-            {
+            let rt = match runtime(Some(args.worker_threads())) {
                 Ok(r) => r,
-                Err(e) => {
-                    eprintln!("error: starting the runtime: {e}");
-                    return ExitCode::from(1);
-                }
+                Err(code) => return code,
             };
-            runtime.block_on(async move {
+            rt.block_on(async move {
                 let stop = stop_on_ctrl_c();
                 match loadgen::run::execute(&args, stop).await {
                     Ok(result) => {
@@ -63,6 +75,57 @@ fn main() -> ExitCode {
                 }
             })
         }
+        Command::Compare(args) => {
+            if let Err(e) = loadgen::compare::pin_loadgen(&args) {
+                eprintln!("error: {e:#}");
+                return ExitCode::from(2);
+            }
+            let rt = match runtime(None) {
+                Ok(r) => r,
+                Err(code) => return code,
+            };
+            rt.block_on(async move {
+                let stop = stop_on_ctrl_c();
+                let failures = match loadgen::compare::execute(&args, stop).await {
+                    Ok(f) => f,
+                    Err(e) => {
+                        eprintln!("error: {e:#}");
+                        return ExitCode::from(2);
+                    }
+                };
+                match loadgen::report::render(&args.out) {
+                    Ok(report) => {
+                        print!("{}", std::fs::read_to_string(args.out.join("report.md")).unwrap_or_default());
+                        println!(
+                            "\nwrote {}/report.md, report.csv, report.html ({} cells measured, {} failed)",
+                            args.out.display(),
+                            report.cells_measured,
+                            failures.len()
+                        );
+                        ExitCode::SUCCESS
+                    }
+                    Err(e) => {
+                        eprintln!("error: rendering the report: {e:#}");
+                        ExitCode::from(1)
+                    }
+                }
+            })
+        }
+        Command::Report { dir } => match loadgen::report::render(&dir) {
+            Ok(report) => {
+                println!(
+                    "wrote {}/report.md, report.csv, report.html ({} cells measured, {} failed)",
+                    dir.display(),
+                    report.cells_measured,
+                    report.failures.len()
+                );
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("error: {e:#}");
+                ExitCode::from(2)
+            }
+        },
     }
 }
 

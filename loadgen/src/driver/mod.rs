@@ -141,6 +141,9 @@ pub async fn run(
     config: DriverConfig,
     stop: CancellationToken,
 ) -> Outcome {
+    // A child token: ending this run (which cancels it) must not cancel the caller's.
+    let outer = stop;
+    let stop = outer.child_token();
     let start = Instant::now();
     let measure_start = start + config.warmup;
     let end = config.duration.map(|d| measure_start + d);
@@ -193,7 +196,7 @@ pub async fn run(
         tally.warmup_failed += t.warmup_failed;
         tally.last_done = tally.last_done.max(t.last_done);
     }
-    let interrupted = stop.is_cancelled();
+    let interrupted = outer.is_cancelled();
     stop.cancel();
     if let Some(p) = progress {
         let _ = p.await;

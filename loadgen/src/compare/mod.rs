@@ -1,0 +1,629 @@
+//! `loadgen compare`: the provider x certificate-algorithm matrix, one identical workload
+//! per cell, everything else held constant, one JSON per cell written as it finishes, then
+//! the report.
+//!
+//! Local mode (default) generates the certificates once, starts the upstream once and a
+//! fresh proxy per cell. Remote mode (`--proxy-admin`) switches a running proxy's provider
+//! and certificate between cells through its authenticated `POST /admin/tls`.
+
+pub mod procs;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, Context, Result};
+use clap::{Args, Parser, ValueEnum};
+use proxy::crypto::{generate_cert_set, CertAlgorithmName, ProviderName};
+use serde::{Deserialize, Serialize};
+use tokio_util::sync::CancellationToken;
+
+use crate::client::http::{send, Options};
+use crate::client::Protocol;
+use crate::result::Cell;
+use crate::run::{self, RunArgs};
+use procs::{parse_cpu_list, sibling_binary, Managed};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum Profile {
+    /// 2 s warm-up + 8 s per cell, one round: the 3 x 4 matrix in about 3 minutes.
+    Quick,
+    /// 10 s warm-up + 60 s per cell, 3 interleaved rounds: sustained cells like the
+    /// reference study.
+    Full,
+}
+
+impl Profile {
+    fn warmup(self) -> &'static str {
+        match self {
+            Self::Quick => "2s",
+            Self::Full => "10s",
+        }
+    }
+    fn duration(self) -> &'static str {
+        match self {
+            Self::Quick => "8s",
+            Self::Full => "60s",
+        }
+    }
+    fn repeat(self) -> u32 {
+        match self {
+            Self::Quick => 1,
+            Self::Full => 3,
+        }
+    }
+}
+
+#[derive(Clone, Debug, Args, Serialize)]
+pub struct CompareArgs {
+    /// Providers to compare (comma-separated).
+    #[arg(long, value_delimiter = ',', default_value = "ring,aws-lc-rs,openssl")]
+    pub providers: Vec<String>,
+    /// Certificate algorithms to compare (comma-separated).
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "rsa2048,rsa4096,ecdsa-p256,ecdsa-p384"
+    )]
+    pub algorithms: Vec<String>,
+    /// Output folder: cells/*.json, report.md, report.csv, report.html.
+    #[arg(long, default_value = "results/compare")]
+    pub out: PathBuf,
+    #[arg(long, value_enum, default_value_t = Profile::Quick)]
+    pub profile: Profile,
+    /// Overrides the profile's measured time per cell.
+    #[arg(long)]
+    pub duration: Option<String>,
+    /// Overrides the profile's warm-up per cell.
+    #[arg(long)]
+    pub warmup: Option<String>,
+    /// Measured requests per cell instead of a duration.
+    #[arg(long)]
+    pub requests: Option<u64>,
+    /// Rounds; each round runs every cell once, so drift hits every cell alike.
+    #[arg(long)]
+    pub repeat: Option<u32>,
+    /// Skip cells whose JSON already exists in --out.
+    #[arg(long)]
+    pub resume: bool,
+
+    #[arg(long, value_enum, default_value_t = Protocol::Grpc)]
+    pub protocol: Protocol,
+    #[arg(long, default_value_t = 4)]
+    pub concurrency: usize,
+    /// new: a full handshake per request (what the comparison is about); reuse; per-n=N.
+    #[arg(long, default_value = "new")]
+    pub connection_policy: String,
+    #[arg(long, default_value = "off")]
+    pub resumption: String,
+    #[arg(long, default_value = "x25519")]
+    pub kx: String,
+    /// 1.2 or 1.3 (default: 1.3).
+    #[arg(long, default_value = "1.3")]
+    pub tls_version: String,
+
+    /// Reactor threads of each proxy (default: the proxy's own default, one per CPU).
+    #[arg(long)]
+    pub proxy_worker_threads: Option<usize>,
+    /// Pin the proxy to these CPUs, e.g. 0 or 0-3 (sched_setaffinity).
+    #[arg(long)]
+    pub proxy_cpus: Option<String>,
+    /// Pin loadgen to these CPUs.
+    #[arg(long)]
+    pub loadgen_cpus: Option<String>,
+    /// Pin the embedded upstream to these CPUs.
+    #[arg(long)]
+    pub upstream_cpus: Option<String>,
+    /// Use this upstream instead of starting embedded-qdrant (the gRPC port for
+    /// --protocol grpc, the REST port for rest).
+    #[arg(long)]
+    pub upstream: Option<String>,
+    #[arg(long)]
+    pub proxy_bin: Option<PathBuf>,
+    #[arg(long)]
+    pub upstream_bin: Option<PathBuf>,
+
+    /// Remote mode: the admin URL of a running proxy (e.g. http://proxy-host:9090); its
+    /// provider and certificate are switched between cells.
+    #[arg(long)]
+    pub proxy_admin: Option<String>,
+    /// Bearer token file for --proxy-admin (the proxy's admin.token_file).
+    #[arg(long)]
+    pub proxy_admin_token_file: Option<PathBuf>,
+    /// Remote mode: the proxy's client-facing address, HOST:PORT.
+    #[arg(long)]
+    pub target: Option<String>,
+    /// Remote mode: folder on the proxy's host holding <algorithm>.crt/.key.
+    #[arg(long)]
+    pub remote_cert_dir: Option<PathBuf>,
+    /// Remote mode: CA that verifies the proxy (local mode uses the generated one).
+    #[arg(long)]
+    pub ca: Option<PathBuf>,
+
+    /// Further `loadgen run` flags for every cell, after `--` (e.g. -- --dim 768 --wait false).
+    #[arg(last = true)]
+    pub run_args: Vec<String>,
+}
+
+/// A cell that could not be measured.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct CellFailure {
+    pub schema: String,
+    pub cell: Cell,
+    pub reason: String,
+}
+
+pub const FAILURE_SCHEMA: &str = "loadgen.cell-failure/v1";
+
+/// The file a cell's result goes to.
+pub fn cell_path(out: &Path, cell: &Cell) -> PathBuf {
+    out.join("cells").join(format!(
+        "{}__{}__r{}.json",
+        cell.provider, cell.algorithm, cell.repeat
+    ))
+}
+
+/// Pins loadgen itself, before any runtime thread exists.
+pub fn pin_loadgen(args: &CompareArgs) -> Result<()> {
+    if let Some(list) = &args.loadgen_cpus {
+        procs::pin_current_thread(&parse_cpu_list(list).context("--loadgen-cpus")?)?;
+    }
+    Ok(())
+}
+
+struct Upstream {
+    url: String,
+    managed: Option<Managed>,
+}
+
+fn start_upstream(args: &CompareArgs, work: &Path) -> Result<Upstream> {
+    if let Some(url) = &args.upstream {
+        return Ok(Upstream {
+            url: url.clone(),
+            managed: None,
+        });
+    }
+    let data = work.join("upstream-data");
+    let _ = std::fs::remove_dir_all(&data);
+    let bin = args
+        .upstream_bin
+        .clone()
+        .unwrap_or_else(|| sibling_binary("embedded-qdrant"));
+    let mut cmd = Command::new(bin);
+    cmd.args(["--rest", "127.0.0.1:0", "--grpc", "127.0.0.1:0", "--data"])
+        .arg(&data);
+    let cpus = args
+        .upstream_cpus
+        .as_deref()
+        .map(parse_cpu_list)
+        .transpose()?;
+    let managed = Managed::start(cmd, "embedded-qdrant", work, cpus.as_deref())?;
+    let key = match args.protocol {
+        Protocol::Grpc => "grpc",
+        Protocol::Rest => "rest",
+    };
+    let addr = managed.ready[key]
+        .as_str()
+        .ok_or_else(|| anyhow!("embedded-qdrant ready file has no {key} address"))?;
+    Ok(Upstream {
+        url: format!("http://{addr}"),
+        managed: Some(managed),
+    })
+}
+
+/// Every cell of the matrix, in run order: rounds outermost, then algorithms, then providers
+/// (so the providers of one algorithm run back to back).
+pub fn plan(providers: &[String], algorithms: &[String], repeat: u32) -> Vec<Cell> {
+    let mut cells = Vec::new();
+    for r in 1..=repeat.max(1) {
+        for a in algorithms {
+            for p in providers {
+                cells.push(Cell {
+                    provider: p.clone(),
+                    algorithm: a.clone(),
+                    repeat: r,
+                });
+            }
+        }
+    }
+    cells
+}
+
+/// The `loadgen run` arguments of one cell.
+fn cell_run_args(
+    args: &CompareArgs,
+    cell: &Cell,
+    target: &str,
+    ca: &Path,
+    out: &Path,
+) -> Vec<String> {
+    let profile = args.profile;
+    let mut v: Vec<String> = vec![
+        "run".into(),
+        "--target".into(),
+        target.into(),
+        "--ca".into(),
+        ca.display().to_string(),
+        "--protocol".into(),
+        args.protocol.as_str().into(),
+        "--collection".into(),
+        "compare".into(),
+        // The same collection state for every cell: an index that grows across cells would
+        // make later cells slower for reasons that have nothing to do with TLS.
+        "--recreate".into(),
+        "--concurrency".into(),
+        args.concurrency.to_string(),
+        "--connection-policy".into(),
+        args.connection_policy.clone(),
+        "--resumption".into(),
+        args.resumption.clone(),
+        "--kx".into(),
+        args.kx.clone(),
+        "--tls-version".into(),
+        args.tls_version.clone(),
+        "--warmup".into(),
+        args.warmup
+            .clone()
+            .unwrap_or_else(|| profile.warmup().to_owned()),
+        "--quiet".into(),
+        "--cell-provider".into(),
+        cell.provider.clone(),
+        "--cell-algorithm".into(),
+        cell.algorithm.clone(),
+        "--cell-repeat".into(),
+        cell.repeat.to_string(),
+        "--out".into(),
+        out.display().to_string(),
+    ];
+    match (args.requests, &args.duration) {
+        (Some(n), _) => v.extend(["--requests".into(), n.to_string()]),
+        (None, Some(d)) => v.extend(["--duration".into(), d.clone()]),
+        (None, None) => v.extend(["--duration".into(), profile.duration().into()]),
+    }
+    v
+}
+
+/// Runs the whole comparison; returns the cells that failed.
+pub async fn execute(args: &CompareArgs, stop: CancellationToken) -> Result<Vec<CellFailure>> {
+    let providers: Vec<ProviderName> = args
+        .providers
+        .iter()
+        .map(|p| p.parse().map_err(|e| anyhow!("--providers: {e}")))
+        .collect::<Result<_>>()?;
+    let algorithms: Vec<CertAlgorithmName> = args
+        .algorithms
+        .iter()
+        .map(|a| a.parse().map_err(|e| anyhow!("--algorithms: {e}")))
+        .collect::<Result<_>>()?;
+    let provider_names: Vec<String> = providers.iter().map(|p| p.to_string()).collect();
+    let algorithm_names: Vec<String> = algorithms.iter().map(|a| a.to_string()).collect();
+    let repeat = args.repeat.unwrap_or(args.profile.repeat());
+    std::fs::create_dir_all(args.out.join("cells"))
+        .with_context(|| format!("creating {}", args.out.display()))?;
+    let work = args.out.join("work");
+    std::fs::create_dir_all(&work)?;
+    // Flags for every cell are checked once, up front, not twelve times.
+    let probe_cell = Cell {
+        provider: provider_names[0].clone(),
+        algorithm: algorithm_names[0].clone(),
+        repeat: 1,
+    };
+    let mut probe_args = cell_run_args(
+        args,
+        &probe_cell,
+        "localhost:1",
+        Path::new("ca.crt"),
+        Path::new("x.json"),
+    );
+    probe_args.extend(args.run_args.iter().cloned());
+    RunWrapper::try_parse_from(std::iter::once("loadgen".to_owned()).chain(probe_args))
+        .map_err(|e| anyhow!("flags after -- are not valid `loadgen run` flags: {e}"))?;
+
+    let remote = args.proxy_admin.is_some();
+    let (ca, cert_dir) = if remote {
+        let ca = args.ca.clone().ok_or_else(|| {
+            anyhow!("--proxy-admin needs --ca (the CA that signed the proxy's certificates)")
+        })?;
+        let dir = args
+            .remote_cert_dir
+            .clone()
+            .ok_or_else(|| anyhow!("--proxy-admin needs --remote-cert-dir (where <algorithm>.crt/.key are on the proxy host)"))?;
+        (ca, dir)
+    } else {
+        let dir = args.out.join("certs");
+        let set = tokio::task::spawn_blocking({
+            let dir = dir.clone();
+            let algorithms = algorithms.clone();
+            move || generate_cert_set(&dir, &algorithms, &[])
+        })
+        .await?
+        .context("generating certificates")?;
+        (set.ca_cert, dir)
+    };
+    let upstream = if remote {
+        None
+    } else {
+        Some(start_upstream(args, &work)?)
+    };
+    let cells = plan(&provider_names, &algorithm_names, repeat);
+    let started = Instant::now();
+    let mut failures = Vec::new();
+    for (i, cell) in cells.iter().enumerate() {
+        if stop.is_cancelled() {
+            break;
+        }
+        let path = cell_path(&args.out, cell);
+        if args.resume && path.is_file() {
+            eprintln!(
+                "[{}/{}] {} {} round {}: done earlier, skipped",
+                i + 1,
+                cells.len(),
+                cell.provider,
+                cell.algorithm,
+                cell.repeat
+            );
+            continue;
+        }
+        let _ = std::fs::remove_file(&path);
+        eprintln!(
+            "[{}/{}] {} {} round {} ({:.0} s so far)",
+            i + 1,
+            cells.len(),
+            cell.provider,
+            cell.algorithm,
+            cell.repeat,
+            started.elapsed().as_secs_f64()
+        );
+        let outcome = if remote {
+            run_remote_cell(args, cell, &ca, &cert_dir, &path, stop.clone()).await
+        } else {
+            let up = upstream.as_ref().expect("local mode has an upstream");
+            run_local_cell(
+                args,
+                cell,
+                &ca,
+                &cert_dir,
+                &up.url,
+                up.managed.as_ref().map(Managed::pid),
+                &work,
+                &path,
+                stop.clone(),
+            )
+            .await
+        };
+        match outcome {
+            Ok(summary) => eprintln!("    {summary}"),
+            Err(e) => {
+                let reason = format!("{e:#}");
+                eprintln!("    FAILED: {reason}");
+                let failure = CellFailure {
+                    schema: FAILURE_SCHEMA.to_owned(),
+                    cell: cell.clone(),
+                    reason,
+                };
+                run::write_json(&path, &failure)?;
+                failures.push(failure);
+            }
+        }
+    }
+    if let Some(Upstream {
+        managed: Some(m), ..
+    }) = upstream
+    {
+        m.stop()?;
+    }
+    let _ = std::fs::write(
+        args.out.join("compare-args.json"),
+        serde_json::to_vec_pretty(args)?,
+    );
+    eprintln!("matrix done in {:.0} s", started.elapsed().as_secs_f64());
+    Ok(failures)
+}
+
+/// clap wrapper so `run` flags can be parsed (and checked) from an argument list.
+#[derive(Parser)]
+struct RunWrapper {
+    #[command(subcommand)]
+    cmd: RunCmd,
+}
+
+#[derive(clap::Subcommand)]
+enum RunCmd {
+    Run(Box<RunArgs>),
+}
+
+fn parse_run_args(list: Vec<String>) -> Result<RunArgs> {
+    let RunCmd::Run(a) =
+        RunWrapper::try_parse_from(std::iter::once("loadgen".to_owned()).chain(list))
+            .map_err(|e| anyhow!("{e}"))?
+            .cmd;
+    Ok(*a)
+}
+
+/// One measured cell; the error is the cell's failure reason.
+async fn measure(list: Vec<String>, stop: CancellationToken) -> Result<String> {
+    let run_args = parse_run_args(list)?;
+    let result = run::execute(&run_args, stop).await?;
+    if result.requests_ok == 0 {
+        let first = result
+            .failure_examples
+            .iter()
+            .next()
+            .map(|(k, m)| format!("{k}: {m}"))
+            .unwrap_or_else(|| "no request was sent".to_owned());
+        bail!(
+            "every request failed ({} failed; {first})",
+            result.requests_failed
+        );
+    }
+    Ok(format!(
+        "{:.1} req/s, p50 {:.1} ms, proxy CPU {} ms/request, {} failed",
+        result.requests_per_second,
+        result
+            .latency_ms
+            .as_ref()
+            .map(|l| l.p50)
+            .unwrap_or(f64::NAN),
+        result
+            .proxy_cpu_seconds()
+            .filter(|_| result.requests_ok > 0)
+            .map(|c| format!("{:.3}", 1000.0 * c / result.requests_ok as f64))
+            .unwrap_or_else(|| "n/a".into()),
+        result.requests_failed
+    ))
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn run_local_cell(
+    args: &CompareArgs,
+    cell: &Cell,
+    ca: &Path,
+    cert_dir: &Path,
+    upstream: &str,
+    upstream_pid: Option<u32>,
+    work: &Path,
+    out: &Path,
+    stop: CancellationToken,
+) -> Result<String> {
+    let bin = args
+        .proxy_bin
+        .clone()
+        .unwrap_or_else(|| sibling_binary("proxy"));
+    let mut cmd = Command::new(bin);
+    cmd.arg("run")
+        .args([
+            "--listen",
+            "127.0.0.1:0",
+            "--admin",
+            "127.0.0.1:0",
+            "--upstream",
+            upstream,
+        ])
+        .args(["--provider", &cell.provider])
+        .arg("--cert")
+        .arg(cert_dir.join(format!("{}.crt", cell.algorithm)))
+        .arg("--key")
+        .arg(cert_dir.join(format!("{}.key", cell.algorithm)))
+        .args(["--resumption", &args.resumption, "--kx", &args.kx])
+        .args([
+            "--tls-min",
+            &args.tls_version,
+            "--tls-max",
+            &args.tls_version,
+        ])
+        .args([
+            "--upstream-protocol",
+            match args.protocol {
+                Protocol::Grpc => "h2c",
+                Protocol::Rest => "http1",
+            },
+        ]);
+    if let Some(n) = args.proxy_worker_threads {
+        cmd.args(["--worker-threads", &n.to_string()]);
+    }
+    let cpus = args.proxy_cpus.as_deref().map(parse_cpu_list).transpose()?;
+    let proxy = tokio::task::block_in_place(|| Managed::start(cmd, "proxy", work, cpus.as_deref()))
+        .context("the proxy would not start")?;
+    let listen = proxy.ready["listeners"]
+        .as_object()
+        .and_then(|m| m.values().next())
+        .and_then(|v| v.as_str())
+        .ok_or_else(|| anyhow!("proxy ready file names no listener"))?
+        .to_owned();
+    let admin = proxy.ready["admin"]
+        .as_str()
+        .ok_or_else(|| anyhow!("proxy ready file names no admin address"))?
+        .to_owned();
+    wait_ready(&format!("http://{admin}/readyz")).await?;
+    let port = listen.rsplit(':').next().unwrap_or("0");
+    let mut list = cell_run_args(args, cell, &format!("localhost:{port}"), ca, out);
+    list.extend([
+        "--proxy-metrics".into(),
+        format!("http://{admin}/metrics"),
+        "--watch-pid".into(),
+        format!("proxy={}", proxy.pid()),
+    ]);
+    if let Some(pid) = upstream_pid {
+        list.extend(["--watch-pid".into(), format!("upstream={pid}")]);
+    }
+    list.extend(args.run_args.iter().cloned());
+    let result = measure(list, stop).await;
+    let stopped = tokio::task::block_in_place(|| proxy.stop());
+    let summary = result?;
+    stopped?;
+    Ok(summary)
+}
+
+async fn run_remote_cell(
+    args: &CompareArgs,
+    cell: &Cell,
+    ca: &Path,
+    cert_dir: &Path,
+    out: &Path,
+    stop: CancellationToken,
+) -> Result<String> {
+    let admin = args
+        .proxy_admin
+        .as_deref()
+        .expect("remote mode")
+        .trim_end_matches('/');
+    let target = args.target.as_deref().ok_or_else(|| {
+        anyhow!("--proxy-admin needs --target HOST:PORT (the proxy's TLS listener)")
+    })?;
+    let token = match &args.proxy_admin_token_file {
+        Some(p) => std::fs::read_to_string(p)
+            .with_context(|| format!("--proxy-admin-token-file {}", p.display()))?
+            .trim()
+            .to_owned(),
+        None => bail!("--proxy-admin needs --proxy-admin-token-file"),
+    };
+    let body = serde_json::json!({
+        "provider": cell.provider,
+        "cert": cert_dir.join(format!("{}.crt", cell.algorithm)),
+        "key": cert_dir.join(format!("{}.key", cell.algorithm)),
+    });
+    let resp = send(
+        http::Method::POST,
+        &format!("{admin}/admin/tls"),
+        Some(bytes::Bytes::from(body.to_string())),
+        &Options {
+            headers: vec![("authorization".into(), format!("Bearer {token}"))],
+            timeout: Some(Duration::from_secs(30)),
+            tls: if admin.starts_with("https://") {
+                Some(crate::client::http::trust_config(Some(ca), false)?)
+            } else {
+                None
+            },
+        },
+    )
+    .await?;
+    if resp.status != 200 {
+        bail!(
+            "switching the proxy to {} {}: HTTP {}: {}",
+            cell.provider,
+            cell.algorithm,
+            resp.status,
+            resp.text()
+        );
+    }
+    let mut list = cell_run_args(args, cell, target, ca, out);
+    list.extend(["--proxy-metrics".into(), format!("{admin}/metrics")]);
+    list.extend(args.run_args.iter().cloned());
+    measure(list, stop).await
+}
+
+async fn wait_ready(url: &str) -> Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Ok(r) = send(http::Method::GET, url, None, &Options::default()).await {
+            if r.status == 200 {
+                return Ok(());
+            }
+        }
+        if Instant::now() > deadline {
+            bail!("{url} did not answer 200 within 30 s");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}

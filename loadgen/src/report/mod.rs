@@ -1,0 +1,605 @@
+//! `loadgen report DIR`: renders a comparison from its JSON alone (the cell results in
+//! `DIR/cells`) into `report.md`, `report.csv` and a self-contained `report.html` with SVG
+//! charts. Deterministic: the same JSON gives byte-identical files.
+//!
+//! Each figure is the median over the repeats of a cell, with the min-max spread; each is
+//! also given as a ratio against the best software provider for that algorithm (ring,
+//! aws-lc-rs, openssl), oriented so that above 1.00x is better, the way the reference study
+//! reports QAT against AWS-LC ("1.39x the requests/s", "1.30x lower median latency").
+
+pub mod chart;
+mod html;
+mod markdown;
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use anyhow::{bail, Context, Result};
+
+use crate::compare::{CellFailure, FAILURE_SCHEMA};
+use crate::result::{RunResult, SCHEMA};
+
+/// Providers a ratio's baseline is chosen from.
+pub const SOFTWARE_PROVIDERS: [&str; 3] = ["ring", "aws-lc-rs", "openssl"];
+
+/// Report order: the registry's providers first, then peers by name.
+const PROVIDER_ORDER: [&str; 4] = ["ring", "aws-lc-rs", "openssl", "openssl-qat"];
+const ALGORITHM_ORDER: [&str; 4] = ["rsa2048", "rsa4096", "ecdsa-p256", "ecdsa-p384"];
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Better {
+    Higher,
+    Lower,
+}
+
+/// One derived figure.
+pub struct Metric {
+    pub key: &'static str,
+    pub title: &'static str,
+    pub unit: &'static str,
+    pub better: Better,
+    /// Drawn as a chart in the HTML.
+    pub charted: bool,
+    pub extract: fn(&RunResult) -> Result<f64, String>,
+}
+
+fn proxy_cpu(r: &RunResult) -> Result<f64, String> {
+    r.proxy_cpu_seconds().ok_or_else(|| {
+        r.proxy_metrics
+            .reason
+            .clone()
+            .unwrap_or_else(|| "proxy CPU not measured".to_owned())
+    })
+}
+
+fn watts(r: &RunResult) -> Result<(f64, f64), String> {
+    match (&r.power.value, &r.power.reason) {
+        (Some(p), _) => Ok((p.mean_watts, p.joules)),
+        (None, Some(reason)) => Err(reason.clone()),
+        (None, None) => Err("power not measured".to_owned()),
+    }
+}
+
+fn per_ok(r: &RunResult) -> Result<f64, String> {
+    if r.requests_ok == 0 {
+        Err("no request succeeded".to_owned())
+    } else {
+        Ok(r.requests_ok as f64)
+    }
+}
+
+/// Every figure of the report, in table order.
+pub const METRICS: &[Metric] = &[
+    Metric {
+        key: "requests_per_second",
+        title: "Throughput",
+        unit: "requests/s",
+        better: Better::Higher,
+        charted: true,
+        extract: |r| Ok(r.requests_per_second),
+    },
+    Metric {
+        key: "latency_p50_ms",
+        title: "P50 latency",
+        unit: "ms",
+        better: Better::Lower,
+        charted: true,
+        extract: |r| {
+            r.latency_ms
+                .as_ref()
+                .map(|l| l.p50)
+                .ok_or_else(|| "no latency recorded".into())
+        },
+    },
+    Metric {
+        key: "latency_p99_ms",
+        title: "P99 latency",
+        unit: "ms",
+        better: Better::Lower,
+        charted: false,
+        extract: |r| {
+            r.latency_ms
+                .as_ref()
+                .map(|l| l.p99)
+                .ok_or_else(|| "no latency recorded".into())
+        },
+    },
+    Metric {
+        key: "payload_mb_per_second",
+        title: "Payload",
+        unit: "MB/s",
+        better: Better::Higher,
+        charted: true,
+        extract: |r| Ok(r.payload_mb_per_second),
+    },
+    Metric {
+        key: "system_cpu_percent",
+        title: "System CPU utilisation",
+        unit: "% of all cores",
+        better: Better::Lower,
+        charted: true,
+        extract: |r| {
+            r.cpu.system_utilisation_percent.value.ok_or_else(|| {
+                r.cpu
+                    .system_utilisation_percent
+                    .reason
+                    .clone()
+                    .unwrap_or_default()
+            })
+        },
+    },
+    Metric {
+        key: "proxy_cpu_percent",
+        title: "Proxy CPU",
+        unit: "% of one core",
+        better: Better::Lower,
+        charted: false,
+        extract: |r| {
+            let secs = proxy_cpu(r)?;
+            if r.measured_seconds > 0.0 {
+                Ok(100.0 * secs / r.measured_seconds)
+            } else {
+                Err("no measured time".to_owned())
+            }
+        },
+    },
+    Metric {
+        key: "cpu_headroom_percent",
+        title: "CPU headroom",
+        unit: "% of all cores idle",
+        better: Better::Higher,
+        charted: false,
+        extract: |r| {
+            r.cpu
+                .system_utilisation_percent
+                .value
+                .map(|u| 100.0 - u)
+                .ok_or_else(|| {
+                    r.cpu
+                        .system_utilisation_percent
+                        .reason
+                        .clone()
+                        .unwrap_or_default()
+                })
+        },
+    },
+    Metric {
+        key: "requests_per_watt",
+        title: "Requests per watt",
+        unit: "requests/s per W",
+        better: Better::Higher,
+        charted: true,
+        extract: |r| {
+            let (w, _) = watts(r)?;
+            if w > 0.0 {
+                Ok(r.requests_per_second / w)
+            } else {
+                Err("zero watts measured".to_owned())
+            }
+        },
+    },
+    Metric {
+        key: "joules_per_1000_requests",
+        title: "Energy",
+        unit: "J per 1000 requests",
+        better: Better::Lower,
+        charted: false,
+        extract: |r| {
+            let (_, j) = watts(r)?;
+            Ok(1000.0 * j / per_ok(r)?)
+        },
+    },
+    Metric {
+        key: "requests_per_proxy_cpu_second",
+        title: "Requests per proxy CPU-second",
+        unit: "requests/CPU-s",
+        better: Better::Higher,
+        charted: false,
+        extract: |r| {
+            let secs = proxy_cpu(r)?;
+            if secs > 0.0 {
+                Ok(per_ok(r)? / secs)
+            } else {
+                Err("proxy used no measurable CPU".to_owned())
+            }
+        },
+    },
+    Metric {
+        key: "proxy_cpu_ms_per_handshake",
+        title: "Proxy CPU per handshake",
+        unit: "ms CPU (incl. the request)",
+        better: Better::Lower,
+        charted: true,
+        extract: |r| match (&r.proxy_metrics.value, &r.proxy_metrics.reason) {
+            (Some(m), _) => m
+                .cpu_seconds_per_handshake
+                .map(|s| s * 1000.0)
+                .ok_or_else(|| "no handshakes in the measured phase".to_owned()),
+            (None, reason) => Err(reason
+                .clone()
+                .unwrap_or_else(|| "proxy metrics not scraped".into())),
+        },
+    },
+];
+
+/// One figure of one provider x algorithm, over its repeats.
+#[derive(Clone, Debug)]
+pub enum Figure {
+    Value {
+        median: f64,
+        min: f64,
+        max: f64,
+        n: usize,
+    },
+    Missing(String),
+}
+
+impl Figure {
+    pub fn median(&self) -> Option<f64> {
+        match self {
+            Figure::Value { median, .. } => Some(*median),
+            Figure::Missing(_) => None,
+        }
+    }
+}
+
+/// Everything the renderers need, computed once.
+pub struct Report {
+    pub providers: Vec<String>,
+    pub algorithms: Vec<String>,
+    /// (provider, algorithm) -> metric key -> figure.
+    pub figures: BTreeMap<(String, String), BTreeMap<&'static str, Figure>>,
+    /// (algorithm, metric key) -> (best software provider, its median).
+    pub baselines: BTreeMap<(String, &'static str), (String, f64)>,
+    pub failures: Vec<CellFailure>,
+    /// Facts about the set-up, from the first result.
+    pub setup: Vec<(String, String)>,
+    pub repeats: u32,
+    pub cells_measured: usize,
+}
+
+impl Report {
+    pub fn figure(&self, provider: &str, algorithm: &str, metric: &str) -> Option<&Figure> {
+        self.figures
+            .get(&(provider.to_owned(), algorithm.to_owned()))
+            .and_then(|m| m.get(metric))
+    }
+
+    /// The ratio against the best software provider, oriented so that above 1 is better.
+    pub fn ratio(&self, provider: &str, algorithm: &str, metric: &Metric) -> Option<f64> {
+        let value = self.figure(provider, algorithm, metric.key)?.median()?;
+        let (_, best) = self.baselines.get(&(algorithm.to_owned(), metric.key))?;
+        let r = match metric.better {
+            Better::Higher => value / best,
+            Better::Lower => best / value,
+        };
+        r.is_finite().then_some(r)
+    }
+}
+
+fn order_key(list: &[&str], s: &str) -> (usize, String) {
+    (
+        list.iter().position(|x| *x == s).unwrap_or(list.len()),
+        s.to_owned(),
+    )
+}
+
+fn median(sorted: &[f64]) -> f64 {
+    let n = sorted.len();
+    if n % 2 == 1 {
+        sorted[n / 2]
+    } else {
+        (sorted[n / 2 - 1] + sorted[n / 2]) / 2.0
+    }
+}
+
+/// Reads every cell JSON of `dir/cells`.
+pub fn load(dir: &Path) -> Result<Report> {
+    let cells_dir = dir.join("cells");
+    let mut files: Vec<_> = std::fs::read_dir(&cells_dir)
+        .with_context(|| {
+            format!(
+                "reading {} (is this a `loadgen compare` output folder?)",
+                cells_dir.display()
+            )
+        })?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|e| e == "json"))
+        .collect();
+    files.sort();
+    let mut runs: BTreeMap<(String, String), Vec<RunResult>> = BTreeMap::new();
+    let mut failures: Vec<CellFailure> = Vec::new();
+    for f in &files {
+        let bytes = std::fs::read(f).with_context(|| format!("reading {}", f.display()))?;
+        let v: serde_json::Value = serde_json::from_slice(&bytes)
+            .with_context(|| format!("{} is not JSON", f.display()))?;
+        match v["schema"].as_str() {
+            Some(SCHEMA) => {
+                let r: RunResult = serde_json::from_value(v)
+                    .with_context(|| format!("{}: bad run result", f.display()))?;
+                let Some(cell) = r.cell.clone() else {
+                    bail!(
+                        "{}: a run result without a cell (not written by compare)",
+                        f.display()
+                    );
+                };
+                runs.entry((cell.provider, cell.algorithm))
+                    .or_default()
+                    .push(r);
+            }
+            Some(FAILURE_SCHEMA) => failures.push(serde_json::from_value(v)?),
+            other => bail!("{}: unknown schema {other:?}", f.display()),
+        }
+    }
+    if runs.is_empty() && failures.is_empty() {
+        bail!("no cell results in {}", cells_dir.display());
+    }
+    let mut providers: Vec<String> = runs
+        .keys()
+        .map(|(p, _)| p.clone())
+        .chain(failures.iter().map(|f| f.cell.provider.clone()))
+        .collect();
+    providers.sort_by_key(|p| order_key(&PROVIDER_ORDER, p));
+    providers.dedup();
+    let mut algorithms: Vec<String> = runs
+        .keys()
+        .map(|(_, a)| a.clone())
+        .chain(failures.iter().map(|f| f.cell.algorithm.clone()))
+        .collect();
+    algorithms.sort_by_key(|a| order_key(&ALGORITHM_ORDER, a));
+    algorithms.dedup();
+
+    let mut figures = BTreeMap::new();
+    let mut repeats = 0;
+    for ((p, a), list) in &runs {
+        // A result in which every request failed carries no figures; its failure shows.
+        let ok: Vec<&RunResult> = list.iter().filter(|r| r.requests_ok > 0).collect();
+        repeats = repeats.max(list.len() as u32);
+        let mut per_metric = BTreeMap::new();
+        for m in METRICS {
+            let mut values = Vec::new();
+            let mut reason = None;
+            for r in &ok {
+                match (m.extract)(r) {
+                    Ok(v) if v.is_finite() => values.push(v),
+                    Ok(_) => reason = Some("not a finite number".to_owned()),
+                    Err(e) => reason = Some(e),
+                }
+            }
+            let fig = if values.is_empty() {
+                Figure::Missing(reason.unwrap_or_else(|| "every request failed".to_owned()))
+            } else {
+                values.sort_by(f64::total_cmp);
+                Figure::Value {
+                    median: median(&values),
+                    min: values[0],
+                    max: values[values.len() - 1],
+                    n: values.len(),
+                }
+            };
+            per_metric.insert(m.key, fig);
+        }
+        figures.insert((p.clone(), a.clone()), per_metric);
+    }
+
+    let mut baselines = BTreeMap::new();
+    for a in &algorithms {
+        for m in METRICS {
+            let mut best: Option<(String, f64)> = None;
+            for p in SOFTWARE_PROVIDERS {
+                let Some(v) = figures
+                    .get(&(p.to_owned(), a.clone()))
+                    .and_then(|f: &BTreeMap<&str, Figure>| f.get(m.key))
+                    .and_then(Figure::median)
+                else {
+                    continue;
+                };
+                let better = match (&best, m.better) {
+                    (None, _) => true,
+                    (Some((_, b)), Better::Higher) => v > *b,
+                    (Some((_, b)), Better::Lower) => v < *b,
+                };
+                if better {
+                    best = Some((p.to_owned(), v));
+                }
+            }
+            if let Some(b) = best {
+                baselines.insert((a.clone(), m.key), b);
+            }
+        }
+    }
+
+    let setup = runs
+        .values()
+        .flatten()
+        .next()
+        .map(setup_facts)
+        .unwrap_or_default();
+    let cells_measured = runs.values().map(Vec::len).sum();
+    Ok(Report {
+        providers,
+        algorithms,
+        figures,
+        baselines,
+        failures,
+        setup,
+        repeats,
+        cells_measured,
+    })
+}
+
+fn setup_facts(r: &RunResult) -> Vec<(String, String)> {
+    let c = &r.config;
+    let s = |k: &str| match &c[k] {
+        serde_json::Value::String(s) => s.clone(),
+        serde_json::Value::Null => "default".to_owned(),
+        v => v.to_string(),
+    };
+    let w = &r.workload;
+    vec![
+        (
+            "Machine".into(),
+            format!(
+                "{} ({} cores), Linux {}",
+                r.environment.cpu_model, r.environment.cores, r.environment.kernel
+            ),
+        ),
+        (
+            "Workload".into(),
+            format!(
+                "{} points x {}-d per upsert over {} ({} bytes per request), wait={}, vectors {}",
+                w.points_per_request,
+                w.dim,
+                w.protocol,
+                w.request_body_bytes,
+                w.wait,
+                w.vectors_source
+            ),
+        ),
+        (
+            "Connections".into(),
+            format!(
+                "policy {}, resumption {}, TLS {}, key exchange {}, concurrency {}",
+                s("connection_policy"),
+                s("resumption"),
+                s("tls_version"),
+                s("kx"),
+                s("concurrency")
+            ),
+        ),
+        (
+            "Per cell".into(),
+            format!(
+                "warm-up {}, measured {} each",
+                s("warmup"),
+                if c["requests"].is_null() {
+                    s("duration")
+                } else {
+                    format!("{} requests", s("requests"))
+                }
+            ),
+        ),
+        (
+            "Client".into(),
+            format!(
+                "loadgen {} with {} ({})",
+                r.environment.loadgen_version,
+                r.environment.client_provider,
+                r.environment.client_library
+            ),
+        ),
+        (
+            "TLS verification".into(),
+            if r.tls_verification {
+                "on".into()
+            } else {
+                "off (--insecure)".into()
+            },
+        ),
+    ]
+}
+
+/// Formats a figure for tables: median, and the spread when there were repeats.
+pub fn format_value(f: &Figure) -> String {
+    match f {
+        Figure::Value {
+            median,
+            min,
+            max,
+            n,
+        } if *n > 1 => {
+            format!("{} ({}-{})", fmt_num(*median), fmt_num(*min), fmt_num(*max))
+        }
+        Figure::Value { median, .. } => fmt_num(*median),
+        Figure::Missing(_) => "n/a".to_owned(),
+    }
+}
+
+/// Three significant digits, no exponent for the ranges reports show.
+pub fn fmt_num(v: f64) -> String {
+    let a = v.abs();
+    if a == 0.0 {
+        "0".to_owned()
+    } else if a >= 100.0 {
+        format!("{v:.0}")
+    } else if a >= 10.0 {
+        format!("{v:.1}")
+    } else if a >= 1.0 {
+        format!("{v:.2}")
+    } else {
+        format!("{v:.3}")
+    }
+}
+
+/// Writes report.md, report.csv and report.html into `dir`.
+pub fn render(dir: &Path) -> Result<Report> {
+    let report = load(dir)?;
+    std::fs::write(dir.join("report.md"), markdown::render(&report))?;
+    std::fs::write(dir.join("report.csv"), csv(&report))?;
+    std::fs::write(dir.join("report.html"), html::render(&report))?;
+    Ok(report)
+}
+
+fn csv_field(s: &str) -> String {
+    if s.contains([',', '"', '\n']) {
+        format!("\"{}\"", s.replace('"', "\"\""))
+    } else {
+        s.to_owned()
+    }
+}
+
+/// Long format: one row per provider x algorithm x metric.
+pub fn csv(r: &Report) -> String {
+    let mut out = String::from(
+        "provider,algorithm,metric,unit,median,min,max,repeats,ratio_vs_best_software,best_software_provider,not_available_reason\n",
+    );
+    for a in &r.algorithms {
+        for p in &r.providers {
+            for m in METRICS {
+                let Some(f) = r.figure(p, a, m.key) else {
+                    let reason = r
+                        .failures
+                        .iter()
+                        .find(|f| &f.cell.provider == p && &f.cell.algorithm == a)
+                        .map(|f| f.reason.clone())
+                        .unwrap_or_else(|| "cell not run".into());
+                    out.push_str(&format!(
+                        "{p},{a},{},{},,,,0,,,{}\n",
+                        m.key,
+                        csv_field(m.unit),
+                        csv_field(&reason)
+                    ));
+                    continue;
+                };
+                let baseline = r
+                    .baselines
+                    .get(&(a.clone(), m.key))
+                    .map(|(b, _)| b.as_str())
+                    .unwrap_or("");
+                let ratio = r
+                    .ratio(p, a, m)
+                    .map(|x| format!("{x:.4}"))
+                    .unwrap_or_default();
+                match f {
+                    Figure::Value {
+                        median,
+                        min,
+                        max,
+                        n,
+                    } => out.push_str(&format!(
+                        "{p},{a},{},{},{median:.6},{min:.6},{max:.6},{n},{ratio},{baseline},\n",
+                        m.key,
+                        csv_field(m.unit)
+                    )),
+                    Figure::Missing(reason) => out.push_str(&format!(
+                        "{p},{a},{},{},,,,0,,{baseline},{}\n",
+                        m.key,
+                        csv_field(m.unit),
+                        csv_field(reason)
+                    )),
+                }
+            }
+        }
+    }
+    out
+}

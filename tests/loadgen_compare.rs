@@ -1,0 +1,201 @@
+//! `loadgen compare` with a tiny profile on loopback: real proxies started per cell, the
+//! embedded upstream, every cell's JSON, the Markdown, CSV and HTML report, a failing cell
+//! reported while the others complete, `--resume`, and the report regenerated identically.
+
+use std::path::Path;
+
+use e2e::*;
+use loadgen::report::chart::{colour_hex, provider_colour};
+
+/// Providers in report order: ring, aws-lc-rs, then openssl-qat, which cannot start here
+/// (no QAT provider is installed), so its cells fail with the proxy's reason.
+const PROVIDERS: &str = "ring,aws-lc-rs,openssl-qat";
+const ALGORITHMS: [&str; 2] = ["rsa2048", "ecdsa-p256"];
+
+fn compare_args(out: &Path, extra: &[&str]) -> Vec<String> {
+    let mut a = args(&[
+        "compare",
+        "--providers",
+        PROVIDERS,
+        "--algorithms",
+        &ALGORITHMS.join(","),
+        "--out",
+        out.to_str().unwrap(),
+        "--requests",
+        "6",
+        "--warmup",
+        "0s",
+        "--concurrency",
+        "2",
+        "--proxy-bin",
+        binary("proxy").to_str().unwrap(),
+        "--upstream-bin",
+        binary("embedded-qdrant").to_str().unwrap(),
+    ]);
+    a.extend(extra.iter().map(|s| (*s).to_owned()));
+    a.extend(args(&[
+        "--",
+        "--dim",
+        "32",
+        "--points-per-request",
+        "10",
+        "--power",
+        "none",
+    ]));
+    a
+}
+
+fn read(p: &Path) -> String {
+    std::fs::read_to_string(p).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+}
+
+#[test]
+fn tiny_matrix_writes_cells_and_report_and_survives_a_failing_provider() {
+    let out = temp_dir("compare");
+    let run = run_loadgen(&compare_args(&out, &[]), None);
+    assert!(run.status.success(), "{}\n{}", run.stdout, run.stderr);
+
+    // Every cell has its JSON: measured ones as run results, the QAT ones as failures.
+    for alg in ALGORITHMS {
+        for provider in ["ring", "aws-lc-rs"] {
+            let v: serde_json::Value = serde_json::from_str(&read(
+                &out.join(format!("cells/{provider}__{alg}__r1.json")),
+            ))
+            .unwrap();
+            assert_eq!(v["schema"], "loadgen.run/v1");
+            assert_eq!(v["cell"]["provider"], provider);
+            assert_eq!(v["cell"]["algorithm"], alg);
+            assert_eq!(v["requests_ok"], 6, "{v:#}");
+            assert_eq!(v["verification"]["value"]["matches"], true);
+            // Every request was a full handshake on a fresh proxy; the proxy's CPU is attributed.
+            assert_eq!(v["handshakes"]["count"], 6);
+            assert_eq!(v["proxy_metrics"]["value"]["handshakes"], 6.0);
+            assert!(v["proxy_metrics"]["value"]["cpu_seconds"].as_f64().unwrap() > 0.0);
+            let listeners = v["environment"]["proxy_listeners"].to_string();
+            assert!(
+                listeners.contains(provider) && listeners.contains(alg),
+                "{listeners}"
+            );
+        }
+        let failed: serde_json::Value = serde_json::from_str(&read(
+            &out.join(format!("cells/openssl-qat__{alg}__r1.json")),
+        ))
+        .unwrap();
+        assert_eq!(failed["schema"], "loadgen.cell-failure/v1");
+        let reason = failed["reason"].as_str().unwrap();
+        assert!(reason.contains("proxy"), "{reason}");
+        assert!(reason.to_lowercase().contains("qat"), "{reason}");
+    }
+
+    let md = read(&out.join("report.md"));
+    let csv = read(&out.join("report.csv"));
+    let html = read(&out.join("report.html"));
+    assert!(
+        md.contains("## rsa2048") && md.contains("## ecdsa-p256"),
+        "{md}"
+    );
+    assert!(
+        md.contains("| ring |") && md.contains("| aws-lc-rs |"),
+        "{md}"
+    );
+    assert!(
+        md.contains("## Failed cells") && md.contains("openssl-qat rsa2048 round 1"),
+        "{md}"
+    );
+    assert!(
+        md.contains("Requests per watt, Energy: n/a (power measurement off"),
+        "{md}"
+    );
+    assert!(
+        run.stdout.contains("## rsa2048"),
+        "compare prints the table"
+    );
+
+    // CSV: one row per provider x algorithm x metric, plus the header.
+    let rows: Vec<&str> = csv.lines().collect();
+    let metrics = loadgen::report::METRICS.len();
+    assert_eq!(rows.len(), 1 + 3 * ALGORITHMS.len() * metrics, "{csv}");
+    let throughput_ring = rows
+        .iter()
+        .find(|r| r.starts_with("ring,rsa2048,requests_per_second,"))
+        .unwrap();
+    let fields: Vec<&str> = throughput_ring.split(',').collect();
+    assert!(fields[4].parse::<f64>().unwrap() > 0.0, "{throughput_ring}");
+    assert!(rows
+        .iter()
+        .any(|r| r.starts_with("openssl-qat,rsa2048,requests_per_second,") && r.contains("proxy")));
+
+    // HTML: self-contained, and each chart has one bar per provider per algorithm (bars and
+    // the legend swatch share the provider's colour; the failed provider has only its swatch).
+    // Self-contained: no scripts, stylesheets or images fetched from anywhere.
+    assert!(!html.contains("<script") && !html.contains("<link") && !html.contains(" src="));
+    assert_eq!(
+        html.matches("<svg").count(),
+        loadgen::report::METRICS
+            .iter()
+            .filter(|m| m.charted)
+            .count()
+    );
+    let throughput = chart_svg(&html, "requests_per_second");
+    for (index, bars) in [(0, ALGORITHMS.len()), (1, ALGORITHMS.len()), (2, 0)] {
+        let fill = format!("fill=\"{}\"", colour_hex(provider_colour(index)));
+        let coloured = throughput
+            .split("<rect")
+            .skip(1)
+            .filter(|r| r.split('>').next().unwrap_or("").contains(&fill))
+            .count();
+        assert_eq!(
+            coloured,
+            bars + 1,
+            "provider {index}: {bars} bars + 1 legend swatch"
+        );
+    }
+    assert!(
+        throughput.contains("n/a"),
+        "the failed provider's slots say n/a"
+    );
+    let power = chart_svg(&html, "requests_per_watt");
+    assert!(
+        power.contains("n/a:") && power.contains("power measurement off"),
+        "{power}"
+    );
+
+    // The report is a function of the JSON: regenerating gives identical files.
+    let again = run_loadgen(&args(&["report", out.to_str().unwrap()]), None);
+    assert!(again.status.success(), "{}", again.stderr);
+    assert_eq!(read(&out.join("report.md")), md);
+    assert_eq!(read(&out.join("report.csv")), csv);
+    assert_eq!(read(&out.join("report.html")), html);
+
+    // --resume skips the finished cells (failed ones too) and leaves their JSON alone.
+    let before = read(&out.join("cells/ring__rsa2048__r1.json"));
+    let resumed = run_loadgen(&compare_args(&out, &["--resume"]), None);
+    assert!(resumed.status.success(), "{}", resumed.stderr);
+    assert_eq!(
+        resumed.stderr.matches("skipped").count(),
+        6,
+        "{}",
+        resumed.stderr
+    );
+    assert_eq!(read(&out.join("cells/ring__rsa2048__r1.json")), before);
+}
+
+/// The SVG inside `<figure id="chart-KEY">`.
+fn chart_svg<'a>(html: &'a str, key: &str) -> &'a str {
+    let start = html
+        .find(&format!("<figure id=\"chart-{key}\">"))
+        .unwrap_or_else(|| panic!("chart {key} missing"));
+    let end = html[start..].find("</svg>").expect("svg end") + start;
+    &html[start..end]
+}
+
+#[test]
+fn bad_run_flags_after_the_separator_are_refused_before_anything_starts() {
+    let out = temp_dir("compare-bad");
+    let mut a = compare_args(&out, &[]);
+    a.push("--no-such-flag".into());
+    let run = run_loadgen(&a, None);
+    assert_eq!(run.status.code(), Some(2), "{}", run.stderr);
+    assert!(run.stderr.contains("--no-such-flag"), "{}", run.stderr);
+    assert!(!out.join("certs").exists(), "nothing was generated");
+}

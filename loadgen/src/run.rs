@@ -158,7 +158,8 @@ pub struct RunArgs {
     /// Write the JSON result here.
     #[arg(long)]
     pub out: Option<PathBuf>,
-    /// Attribute a process's CPU: PID or NAME=PID (repeatable).
+    /// Attribute processes' CPU: PID, NAME=PID or NAME=PID,PID,... (repeatable). The name
+    /// `proxy` marks the TLS terminator (its CPU per request is reported).
     #[arg(long)]
     pub watch_pid: Vec<String>,
     /// Attribute the CPU of every process with this command name (repeatable).
@@ -345,17 +346,18 @@ fn power_source(args: &RunArgs) -> Result<PowerSource> {
 fn watched(args: &RunArgs, proc_root: &std::path::Path) -> Result<Vec<Watched>> {
     let mut out = Vec::new();
     for spec in &args.watch_pid {
-        let (name, pid) = match spec.split_once('=') {
+        let (name, pids) = match spec.split_once('=') {
             Some((n, p)) => (n.to_owned(), p),
             None => (format!("pid {spec}"), spec.as_str()),
         };
-        let pid: u32 = pid
-            .parse()
-            .map_err(|_| anyhow!("--watch-pid {spec:?}: expected PID or NAME=PID"))?;
-        out.push(Watched {
-            name,
-            pids: vec![pid],
-        });
+        let pids = pids
+            .split(',')
+            .map(|p| p.trim().parse::<u32>())
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|_| {
+                anyhow!("--watch-pid {spec:?}: expected PID, NAME=PID or NAME=PID,PID,...")
+            })?;
+        out.push(Watched { name, pids });
     }
     for name in &args.watch_process {
         let pids = probe::cpu::find_processes(proc_root, name);

@@ -215,9 +215,15 @@ pub const METRICS: &[Metric] = &[
                 .cpu_seconds_per_handshake
                 .map(|s| s * 1000.0)
                 .ok_or_else(|| "no handshakes in the measured phase".to_owned()),
-            (None, reason) => Err(reason
-                .clone()
-                .unwrap_or_else(|| "proxy metrics not scraped".into())),
+            // A peer terminator (nginx, HAProxy) has no such metrics: its watched CPU over
+            // the handshakes the client made.
+            (None, reason) => match (proxy_cpu(r), r.handshakes.count) {
+                (Ok(secs), n) if n > 0 => Ok(1000.0 * secs / n as f64),
+                (Ok(_), _) => Err("no handshakes in the measured phase".to_owned()),
+                (Err(_), _) => Err(reason
+                    .clone()
+                    .unwrap_or_else(|| "proxy CPU not measured".into())),
+            },
         },
     },
 ];

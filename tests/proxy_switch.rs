@@ -2,7 +2,6 @@
 //! (new connections get the new provider and certificate, an established connection keeps
 //! working), and a bad request changes nothing.
 
-use std::io::{Read, Write};
 use std::net::SocketAddr;
 
 use bytes::Bytes;
@@ -17,29 +16,9 @@ const TOKEN: &str = "test-token-0123456789abcdef";
 
 /// POST /admin/tls over plain HTTP/1.1; returns status and body.
 fn post_admin(admin: SocketAddr, token: Option<&str>, body: &str) -> (u16, String) {
-    let mut s = std::net::TcpStream::connect_timeout(&admin, WAIT).expect("connect admin");
-    s.set_read_timeout(Some(WAIT)).ok();
-    let auth = token
-        .map(|t| format!("Authorization: Bearer {t}\r\n"))
-        .unwrap_or_default();
-    write!(
-        s,
-        "POST /admin/tls HTTP/1.1\r\nHost: admin\r\n{auth}Content-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    )
-    .expect("write");
-    let mut out = String::new();
-    s.read_to_string(&mut out).expect("read");
-    let status = out
-        .split(' ')
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
-    let body = out
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_owned())
-        .unwrap_or_default();
-    (status, body)
+    let auth = token.map(|t| format!("Authorization: Bearer {t}"));
+    let headers: Vec<&str> = auth.iter().map(String::as_str).collect();
+    http_raw(admin, "POST", "/admin/tls", &headers, body)
 }
 
 fn first_cert(path: &std::path::Path) -> CertificateDer<'static> {

@@ -429,12 +429,29 @@ pub fn http_json(
     path: &str,
     body: &str,
 ) -> (u16, serde_json::Value) {
+    let (status, body) = http_raw(addr, method, path, &[], body);
+    (
+        status,
+        serde_json::from_str(&body).unwrap_or(serde_json::Value::Null),
+    )
+}
+
+/// A plain HTTP/1.1 request on a fresh connection with extra header lines (`"Name: value"`);
+/// returns status and body text. Bounded in time.
+pub fn http_raw(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[&str],
+    body: &str,
+) -> (u16, String) {
     use std::io::Write;
     let mut s = std::net::TcpStream::connect_timeout(&addr, WAIT).expect("connect");
     s.set_read_timeout(Some(WAIT)).ok();
+    let extra: String = headers.iter().map(|h| format!("{h}\r\n")).collect();
     write!(
         s,
-        "{method} {path} HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        "{method} {path} HTTP/1.1\r\nHost: test\r\n{extra}Content-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
         body.len()
     )
     .expect("write");
@@ -447,10 +464,7 @@ pub fn http_json(
         .and_then(|c| c.parse().ok())
         .unwrap_or(0);
     let body = text.split_once("\r\n\r\n").map(|(_, b)| b).unwrap_or("");
-    (
-        status,
-        serde_json::from_str(body).unwrap_or(serde_json::Value::Null),
-    )
+    (status, body.to_owned())
 }
 
 /// `n` seeded pseudo-random unit vectors of `dim` dimensions (xorshift; reproducible).
@@ -520,6 +534,32 @@ impl Drop for ServerGuard {
     }
 }
 
+/// Serves `handler` over HTTP/1.1 and h2c (hyper chooses per connection) on loopback until
+/// the guard drops.
+fn spawn_http_server<H, Fut>(handler: H) -> (SocketAddr, ServerGuard)
+where
+    H: Fn(Request<Incoming>) -> Fut + Clone + Send + 'static,
+    Fut: std::future::Future<Output = Response<Full<Bytes>>> + Send + 'static,
+{
+    spawn_server(move |listener| async move {
+        loop {
+            let Ok((stream, _)) = listener.accept().await else {
+                continue;
+            };
+            let handler = handler.clone();
+            tokio::task::spawn_local(async move {
+                let svc = service_fn(move |req| {
+                    let fut = handler(req);
+                    async move { Ok::<_, Infallible>(fut.await) }
+                });
+                let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
+                    .serve_connection(TokioIo::new(stream), svc)
+                    .await;
+            });
+        }
+    })
+}
+
 /// A real HTTP server (HTTP/1.1 and h2c, chosen per connection by hyper) that echoes what
 /// it received. Paths:
 /// - `/slow/<ms>`: answers after that many milliseconds;
@@ -533,16 +573,10 @@ pub struct EchoUpstream {
 
 impl EchoUpstream {
     pub fn start() -> Self {
-        let (addr, guard) = spawn_server(|listener| async move {
-            loop {
-                let Ok((stream, _)) = listener.accept().await else {
-                    continue;
-                };
-                tokio::task::spawn_local(async move {
-                    let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
-                        .serve_connection(TokioIo::new(stream), service_fn(echo))
-                        .await;
-                });
+        let (addr, guard) = spawn_http_server(|req| async move {
+            match echo(req).await {
+                Ok(r) => r,
+                Err(never) => match never {},
             }
         });
         Self {
@@ -860,29 +894,15 @@ pub struct SlowQdrant {
 
 impl SlowQdrant {
     pub fn start(delay: Duration) -> Self {
-        let (addr, guard) = spawn_server(move |listener| async move {
-            loop {
-                let Ok((stream, _)) = listener.accept().await else {
-                    continue;
-                };
-                tokio::task::spawn_local(async move {
-                    let svc = service_fn(move |req: Request<Incoming>| async move {
-                        let _ = req.into_body().collect().await;
-                        tokio::time::sleep(delay).await;
-                        Ok::<_, Infallible>(
-                            Response::builder()
-                                .header("content-type", "application/json")
-                                .body(Full::new(Bytes::from_static(
-                                    br#"{"result":{"status":"acknowledged"},"status":"ok","time":0.1}"#,
-                                )))
-                                .expect("response"),
-                        )
-                    });
-                    let _ = hyper::server::conn::http1::Builder::new()
-                        .serve_connection(TokioIo::new(stream), svc)
-                        .await;
-                });
-            }
+        let (addr, guard) = spawn_http_server(move |req: Request<Incoming>| async move {
+            let _ = req.into_body().collect().await;
+            tokio::time::sleep(delay).await;
+            Response::builder()
+                .header("content-type", "application/json")
+                .body(Full::new(Bytes::from_static(
+                    br#"{"result":{"status":"acknowledged"},"status":"ok","time":0.1}"#,
+                )))
+                .expect("response")
         });
         Self {
             addr,
@@ -908,22 +928,9 @@ impl FakeOvms {
     pub fn start(dim: usize) -> Self {
         let calls = Arc::new(std::sync::atomic::AtomicU64::new(0));
         let counter = calls.clone();
-        let (addr, guard) = spawn_server(move |listener| async move {
-            loop {
-                let Ok((stream, _)) = listener.accept().await else {
-                    continue;
-                };
-                let counter = counter.clone();
-                tokio::task::spawn_local(async move {
-                    let svc = service_fn(move |req: Request<Incoming>| {
-                        let counter = counter.clone();
-                        async move { Ok::<_, Infallible>(fake_embeddings(req, dim, &counter).await) }
-                    });
-                    let _ = hyper::server::conn::http1::Builder::new()
-                        .serve_connection(TokioIo::new(stream), svc)
-                        .await;
-                });
-            }
+        let (addr, guard) = spawn_http_server(move |req| {
+            let counter = counter.clone();
+            async move { fake_embeddings(req, dim, &counter).await }
         });
         Self {
             addr,

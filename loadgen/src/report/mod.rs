@@ -60,6 +60,18 @@ fn watts(r: &RunResult) -> Result<(f64, f64), String> {
     }
 }
 
+fn latency(r: &RunResult, pick: fn(&crate::result::Percentiles) -> f64) -> Result<f64, String> {
+    r.latency_ms
+        .as_ref()
+        .map(pick)
+        .ok_or_else(|| "no latency recorded".into())
+}
+
+fn system_cpu(r: &RunResult) -> Result<f64, String> {
+    let m = &r.cpu.system_utilisation_percent;
+    m.value.ok_or_else(|| m.reason.clone().unwrap_or_default())
+}
+
 fn per_ok(r: &RunResult) -> Result<f64, String> {
     if r.requests_ok == 0 {
         Err("no request succeeded".to_owned())
@@ -84,12 +96,7 @@ pub const METRICS: &[Metric] = &[
         unit: "ms",
         better: Better::Lower,
         charted: true,
-        extract: |r| {
-            r.latency_ms
-                .as_ref()
-                .map(|l| l.p50)
-                .ok_or_else(|| "no latency recorded".into())
-        },
+        extract: |r| latency(r, |l| l.p50),
     },
     Metric {
         key: "latency_p99_ms",
@@ -97,12 +104,7 @@ pub const METRICS: &[Metric] = &[
         unit: "ms",
         better: Better::Lower,
         charted: false,
-        extract: |r| {
-            r.latency_ms
-                .as_ref()
-                .map(|l| l.p99)
-                .ok_or_else(|| "no latency recorded".into())
-        },
+        extract: |r| latency(r, |l| l.p99),
     },
     Metric {
         key: "payload_mb_per_second",
@@ -149,19 +151,7 @@ pub const METRICS: &[Metric] = &[
         unit: "% of all cores idle",
         better: Better::Higher,
         charted: false,
-        extract: |r| {
-            r.cpu
-                .system_utilisation_percent
-                .value
-                .map(|u| 100.0 - u)
-                .ok_or_else(|| {
-                    r.cpu
-                        .system_utilisation_percent
-                        .reason
-                        .clone()
-                        .unwrap_or_default()
-                })
-        },
+        extract: |r| system_cpu(r).map(|u| 100.0 - u),
     },
     Metric {
         key: "requests_per_watt",

@@ -199,3 +199,92 @@ fn bad_run_flags_after_the_separator_are_refused_before_anything_starts() {
     assert!(run.stderr.contains("--no-such-flag"), "{}", run.stderr);
     assert!(!out.join("certs").exists(), "nothing was generated");
 }
+
+#[test]
+fn remote_mode_switches_a_running_proxy_between_cells() {
+    let data = temp_dir("compare-remote-data");
+    let qdrant = EmbeddedQdrant::start(&data);
+    let token = temp_dir("compare-remote-token").join("token");
+    std::fs::write(&token, "remote-token-0123456789abcdef").unwrap();
+    let proxy = ProxyProcess::start(
+        &format!("http://{}", qdrant.grpc),
+        proxy::crypto::ProviderName::Openssl,
+        proxy::crypto::CertAlgorithmName::Rsa4096,
+        &[
+            "--upstream-protocol",
+            "h2c",
+            "--admin-token-file",
+            token.to_str().unwrap(),
+        ],
+    );
+    let cert_dir = certs().ca_cert.parent().unwrap().to_owned();
+    let out = temp_dir("compare-remote");
+    let mut a = args(&[
+        "compare",
+        "--providers",
+        "ring,aws-lc-rs",
+        "--algorithms",
+        "ecdsa-p256,rsa2048",
+        "--out",
+        out.to_str().unwrap(),
+        "--requests",
+        "4",
+        "--warmup",
+        "0s",
+        "--concurrency",
+        "2",
+        "--proxy-admin",
+        &format!("http://{}", proxy.admin),
+        "--proxy-admin-token-file",
+        token.to_str().unwrap(),
+        "--target",
+        &format!("localhost:{}", proxy.addr.port()),
+        "--remote-cert-dir",
+        cert_dir.to_str().unwrap(),
+        "--ca",
+        certs().ca_cert.to_str().unwrap(),
+    ]);
+    a.extend(args(&[
+        "--",
+        "--dim",
+        "32",
+        "--points-per-request",
+        "10",
+        "--power",
+        "none",
+    ]));
+    let run = run_loadgen(&a, None);
+    assert!(run.status.success(), "{}\n{}", run.stdout, run.stderr);
+    for alg in ["ecdsa-p256", "rsa2048"] {
+        for provider in ["ring", "aws-lc-rs"] {
+            let v: serde_json::Value = serde_json::from_str(&read(
+                &out.join(format!("cells/{provider}__{alg}__r1.json")),
+            ))
+            .unwrap();
+            assert_eq!(v["requests_ok"], 4, "{v:#}");
+            // The proxy's own metrics say it served this cell with this provider and cert.
+            let listeners = &v["environment"]["proxy_listeners"];
+            assert_eq!(listeners[0]["provider"], provider, "{listeners}");
+            assert_eq!(listeners[0]["algorithm"], alg, "{listeners}");
+            assert_eq!(v["proxy_metrics"]["value"]["handshakes"], 4.0);
+        }
+    }
+    // A wrong token stops the cell with the proxy's answer as the reason.
+    std::fs::write(&token, "wrong-token-0123456789abcdefgh").unwrap();
+    let out2 = temp_dir("compare-remote-bad");
+    let pos = a.iter().position(|x| x == "--out").unwrap();
+    a[pos + 1] = out2.to_str().unwrap().to_owned();
+    let run = run_loadgen(&a, None);
+    assert!(
+        run.status.success(),
+        "failed cells are reported, not fatal: {}",
+        run.stderr
+    );
+    let failed: serde_json::Value =
+        serde_json::from_str(&read(&out2.join("cells/ring__ecdsa-p256__r1.json"))).unwrap();
+    assert_eq!(failed["schema"], "loadgen.cell-failure/v1");
+    assert!(
+        failed["reason"].as_str().unwrap().contains("401"),
+        "{failed}"
+    );
+}

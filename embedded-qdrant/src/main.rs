@@ -111,7 +111,9 @@ async fn run(args: Args) -> anyhow::Result<()> {
                     .max_encoding_message_size(MAX_GRPC_MESSAGE),
             )
             .serve_with_incoming_shutdown(
-                tokio_stream::wrappers::TcpListenerStream::new(grpc_listener),
+                // Without TCP_NODELAY a unary answer (headers, message, trailers in separate
+                // writes) meets Nagle and the client's delayed ACK: a 40 ms floor per call.
+                tonic::transport::server::TcpIncoming::from(grpc_listener).with_nodelay(Some(true)),
                 grpc_shutdown.cancelled_owned(),
             ),
     );

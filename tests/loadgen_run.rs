@@ -124,6 +124,17 @@ fn every_policy_over_rest_and_grpc_stores_exactly_what_was_acknowledged() {
             // Bytes, figures and the environment are recorded.
             let body = num(&r, &["workload", "request_body_bytes"]);
             assert!(body > 20.0 * 64.0 * 4.0, "{body}");
+            let (min, max) = (
+                num(&r, &["workload", "request_body_bytes_min"]),
+                num(&r, &["workload", "request_body_bytes_max"]),
+            );
+            assert!(min <= body && body <= max, "{min} {body} {max}");
+            // MB/s is the acknowledged bodies' exact bytes over the measured time.
+            let sent = num(&r, &["payload_mb_per_second"]) * num(&r, &["measured_seconds"]) * 1e6;
+            assert!(
+                sent >= 12.0 * min - 1.0 && sent <= 12.0 * max + 1.0,
+                "{sent}"
+            );
             assert!(num(&r, &["payload_mb_per_second"]) > 0.0);
             assert!(num(&r, &["latency_ms", "p50"]) > 0.0);
             assert!(num(&r, &["latency_ms", "max"]) >= num(&r, &["latency_ms", "p99"]));

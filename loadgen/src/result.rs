@@ -110,6 +110,11 @@ pub struct WorkloadRecord {
     pub vectors_source: String,
     /// Mean request body size in bytes (the templates differ by a few bytes in JSON).
     pub request_body_bytes: u64,
+    /// Exact smallest and largest request body of the run.
+    #[serde(default)]
+    pub request_body_bytes_min: u64,
+    #[serde(default)]
+    pub request_body_bytes_max: u64,
     pub json_decimals: usize,
 }
 

@@ -615,6 +615,8 @@ pub async fn execute(args: &RunArgs, stop: CancellationToken) -> Result<RunResul
             wait: args.wait,
             vectors_source: vectors.source.clone(),
             request_body_bytes: workload.body_bytes(),
+            request_body_bytes_min: workload.body_bytes_range().0,
+            request_body_bytes_max: workload.body_bytes_range().1,
             json_decimals: args.json_decimals,
         },
         tls_verification: target.tls && !args.insecure,

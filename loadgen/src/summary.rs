@@ -9,12 +9,13 @@ pub fn render(r: &RunResult) -> String {
     let w = &r.workload;
     let _ = writeln!(
         s,
-        "target {} ({}, {} points x {}-d, {} bytes/request, wait={}), TLS verification {}",
+        "target {} ({}, {} points x {}-d, {}-{} bytes/request, wait={}), TLS verification {}",
         r.target,
         w.protocol,
         w.points_per_request,
         w.dim,
-        w.request_body_bytes,
+        w.request_body_bytes_min,
+        w.request_body_bytes_max,
         w.wait,
         if r.tls_verification { "on" } else { "OFF" }
     );

@@ -119,6 +119,13 @@ impl Workload {
         (total / self.templates.len()) as u64
     }
 
+    /// Smallest and largest body of the run (templates differ by a few bytes: the sign of
+    /// each JSON coordinate, the width of the payload's chunk number).
+    pub fn body_bytes_range(&self) -> (u64, u64) {
+        let lens = self.templates.iter().map(|t| t.bytes.len() as u64);
+        (lens.clone().min().unwrap_or(0), lens.max().unwrap_or(0))
+    }
+
     pub fn body_len(&self, seq: u64) -> usize {
         self.templates[(seq % self.templates.len() as u64) as usize]
             .bytes

@@ -27,7 +27,7 @@ use procs::{parse_cpu_list, sibling_binary, Managed};
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, ValueEnum)]
 #[serde(rename_all = "lowercase")]
 pub enum Profile {
-    /// 2 s warm-up + 8 s per cell, one round: the 3 x 4 matrix in about 3 minutes.
+    /// 2 s warm-up + 8 s per cell, one round: the 3 x 4 matrix in about 2 minutes.
     Quick,
     /// 10 s warm-up + 60 s per cell, 3 interleaved rounds: sustained cells like the
     /// reference study.

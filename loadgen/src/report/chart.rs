@@ -90,12 +90,14 @@ fn draw(
         }
         return Ok(());
     }
+    // Room above the tallest bar for the legend, one line per provider.
+    let headroom = 1.15 + 0.075 * bars as f64;
     let mut chart = ChartBuilder::on(root)
         .caption(caption, ("sans-serif", 20))
         .margin(12)
         .x_label_area_size(30)
         .y_label_area_size(60)
-        .build_cartesian_2d(0f64..groups as f64, 0f64..top * 1.3)?;
+        .build_cartesian_2d(0f64..groups as f64, 0f64..top * headroom)?;
     chart
         .configure_mesh()
         .disable_x_mesh()

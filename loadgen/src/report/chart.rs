@@ -21,6 +21,9 @@ const PALETTE: [RGBColor; 8] = [
     RGBColor(0x99, 0x99, 0x99),
 ];
 
+/// Error bars: dark grey, so they are told apart from the black axes.
+pub const WHISKER: RGBColor = RGBColor(0x33, 0x33, 0x33);
+
 /// The colour of the provider at `index` in the report's provider order.
 pub fn provider_colour(index: usize) -> RGBColor {
     PALETTE[index % PALETTE.len()]
@@ -143,7 +146,7 @@ fn draw(
             .label(p.as_str())
             .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 10, y + 5)], colour.filled()));
         for (x, lo, hi, cap) in whiskers {
-            let ink = BLACK.stroke_width(1);
+            let ink = WHISKER.stroke_width(1);
             chart.draw_series(std::iter::once(PathElement::new(
                 vec![(x, lo), (x, hi)],
                 ink,

@@ -1,0 +1,155 @@
+//! The report's arithmetic on a hand-built matrix: medians and spreads over repeats, the
+//! best software provider as the baseline, ratios oriented so that above 1 is better, power
+//! figures derived only where power was measured, and error bars drawn for repeats.
+
+use std::path::{Path, PathBuf};
+
+use loadgen::report::{self, Figure, METRICS};
+use serde_json::{json, Value};
+
+fn template() -> Value {
+    let path =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/report/cell-template.json");
+    serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap()
+}
+
+fn write_cell(
+    dir: &Path,
+    provider: &str,
+    alg: &str,
+    repeat: u32,
+    rps: f64,
+    p50: f64,
+    watts: Option<f64>,
+) {
+    let mut v = template();
+    v["cell"] = json!({"provider": provider, "algorithm": alg, "repeat": repeat});
+    v["requests_per_second"] = json!(rps);
+    v["measured_seconds"] = json!(10.0);
+    v["requests_ok"] = json!((rps * 10.0) as u64);
+    v["latency_ms"]["p50"] = json!(p50);
+    v["power"] = match watts {
+        Some(w) => {
+            json!({"value": {"source": "rapl", "joules": w * 10.0, "mean_watts": w, "samples": 10, "detail": ""}})
+        }
+        None => json!({"value": null, "reason": "no RAPL here"}),
+    };
+    let path = dir
+        .join("cells")
+        .join(format!("{provider}__{alg}__r{repeat}.json"));
+    std::fs::write(path, serde_json::to_vec(&v).unwrap()).unwrap();
+}
+
+fn scratch(tag: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("loadgen-report-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(dir.join("cells")).unwrap();
+    dir
+}
+
+fn metric(key: &str) -> &'static report::Metric {
+    METRICS.iter().find(|m| m.key == key).unwrap()
+}
+
+#[test]
+fn medians_spreads_baselines_and_oriented_ratios() {
+    let dir = scratch("math");
+    // Three rounds each; the middle value is the median.
+    for (r, (ring, aws, qat)) in [
+        (100.0, 120.0, 200.0),
+        (90.0, 130.0, 180.0),
+        (110.0, 125.0, 190.0),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let r = r as u32 + 1;
+        write_cell(&dir, "ring", "rsa2048", r, ring, 40.0, Some(200.0));
+        write_cell(&dir, "aws-lc-rs", "rsa2048", r, aws, 30.0, Some(250.0));
+        write_cell(&dir, "openssl-qat", "rsa2048", r, qat, 20.0, None);
+    }
+    let rep = report::load(&dir).unwrap();
+    assert_eq!(rep.providers, vec!["ring", "aws-lc-rs", "openssl-qat"]);
+    assert_eq!(rep.repeats, 3);
+    match rep
+        .figure("aws-lc-rs", "rsa2048", "requests_per_second")
+        .unwrap()
+    {
+        Figure::Value {
+            median,
+            min,
+            max,
+            n,
+        } => {
+            assert_eq!((*median, *min, *max, *n), (125.0, 120.0, 130.0, 3));
+        }
+        other => panic!("{other:?}"),
+    }
+    // Throughput: higher is better; the best software provider is aws-lc-rs (125).
+    let rps = metric("requests_per_second");
+    assert_eq!(
+        rep.baselines[&("rsa2048".to_owned(), "requests_per_second")].0,
+        "aws-lc-rs"
+    );
+    assert!((rep.ratio("openssl-qat", "rsa2048", rps).unwrap() - 190.0 / 125.0).abs() < 1e-9);
+    assert!((rep.ratio("ring", "rsa2048", rps).unwrap() - 100.0 / 125.0).abs() < 1e-9);
+    // P50: lower is better, so the ratio is best / value (30 / 20 = 1.5x for QAT).
+    let p50 = metric("latency_p50_ms");
+    assert!((rep.ratio("openssl-qat", "rsa2048", p50).unwrap() - 1.5).abs() < 1e-9);
+    // Requests per watt: derived where power exists (125 / 250 = 0.5 for aws-lc-rs), n/a with
+    // the reason where it does not.
+    let rpw = rep
+        .figure("aws-lc-rs", "rsa2048", "requests_per_watt")
+        .unwrap();
+    assert!((rpw.median().unwrap() - 0.5).abs() < 1e-9);
+    match rep
+        .figure("openssl-qat", "rsa2048", "requests_per_watt")
+        .unwrap()
+    {
+        Figure::Missing(reason) => assert_eq!(reason, "no RAPL here"),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(
+        rep.ratio("openssl-qat", "rsa2048", metric("requests_per_watt")),
+        None
+    );
+
+    // Rendered: the spread shows in the tables, whiskers in the chart.
+    report::render(&dir).unwrap();
+    let md = std::fs::read_to_string(dir.join("report.md")).unwrap();
+    assert!(md.contains("125 (120-130) · 1.00x"), "{md}");
+    assert!(md.contains("190 (180-200) · 1.52x"), "{md}");
+    let html = std::fs::read_to_string(dir.join("report.html")).unwrap();
+    let chart_start = html
+        .find("<figure id=\"chart-requests_per_second\">")
+        .unwrap();
+    let chart = &html[chart_start..chart_start + html[chart_start..].find("</svg>").unwrap()];
+    // Three providers with repeats: a vertical line and two caps each.
+    let whisker = format!(
+        "stroke=\"{}\"",
+        report::chart::colour_hex(report::chart::WHISKER)
+    );
+    let whiskers = chart
+        .split("<polyline")
+        .skip(1)
+        .filter(|p| p.split('>').next().unwrap().contains(&whisker))
+        .count();
+    assert_eq!(whiskers, 9, "{chart}");
+    std::fs::remove_dir_all(dir).ok();
+}
+
+#[test]
+fn a_folder_without_cells_is_a_clear_error() {
+    let dir = scratch("empty");
+    let err = report::load(&dir).err().unwrap().to_string();
+    assert!(err.contains("no cell results"), "{err}");
+    let err = report::load(Path::new("/nonexistent/compare"))
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(err.contains("loadgen compare"), "{err}");
+    std::fs::write(dir.join("cells/x.json"), b"{\"schema\":\"other\"}").unwrap();
+    let err = format!("{:#}", report::load(&dir).err().unwrap());
+    assert!(err.contains("unknown schema"), "{err}");
+    std::fs::remove_dir_all(dir).ok();
+}

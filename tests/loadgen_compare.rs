@@ -288,3 +288,45 @@ fn remote_mode_switches_a_running_proxy_between_cells() {
         "{failed}"
     );
 }
+
+#[test]
+fn cpu_pinning_holds_for_the_proxy_the_upstream_and_loadgen() {
+    let cpus = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1);
+    let (proxy_cpu, other_cpu) = if cpus >= 2 { ("0", "1") } else { ("0", "0") };
+    let out = temp_dir("compare-pinned");
+    let mut a = compare_args(&out, &[]);
+    let pos = a.iter().position(|x| x == "--providers").unwrap();
+    a[pos + 1] = "aws-lc-rs".into();
+    let pos = a.iter().position(|x| x == "--algorithms").unwrap();
+    a[pos + 1] = "ecdsa-p256".into();
+    let sep = a.iter().position(|x| x == "--").unwrap();
+    for (i, flag) in [
+        ("--proxy-cpus", proxy_cpu),
+        ("--upstream-cpus", other_cpu),
+        ("--loadgen-cpus", other_cpu),
+    ]
+    .iter()
+    .enumerate()
+    {
+        a.insert(sep + 2 * i, flag.0.to_owned());
+        a.insert(sep + 2 * i + 1, flag.1.to_owned());
+    }
+    let run = run_loadgen(&a, None);
+    assert!(run.status.success(), "{}\n{}", run.stdout, run.stderr);
+    let v: serde_json::Value =
+        serde_json::from_str(&read(&out.join("cells/aws-lc-rs__ecdsa-p256__r1.json"))).unwrap();
+    let watched = v["cpu"]["watched"].as_array().unwrap();
+    let allowed = |name: &str| {
+        watched
+            .iter()
+            .find(|w| w["name"] == name)
+            .and_then(|w| w["cpus_allowed"].as_str())
+            .unwrap_or_else(|| panic!("{name} not watched: {watched:?}"))
+            .to_owned()
+    };
+    assert_eq!(allowed("proxy"), proxy_cpu);
+    assert_eq!(allowed("upstream"), other_cpu);
+    assert_eq!(v["cpu"]["loadgen"]["cpus_allowed"], other_cpu);
+}

@@ -126,6 +126,9 @@ pub struct ProcessCpu {
     pub cpu_seconds_per_request: Option<f64>,
     /// Percent of one core over the measured phase.
     pub percent_of_core: f64,
+    /// CPUs the (first) process may run on, as /proc/PID/status lists them (pinning check).
+    #[serde(default)]
+    pub cpus_allowed: Option<String>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]

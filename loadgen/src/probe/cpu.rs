@@ -81,6 +81,14 @@ pub fn parse_process_stat(text: &str) -> Result<(u64, u64)> {
     }
 }
 
+/// `Cpus_allowed_list` of a process (e.g. `0-1`), to show in the result that pinning held.
+pub fn cpus_allowed(proc_root: &Path, pid: u32) -> Option<String> {
+    let text = std::fs::read_to_string(proc_root.join(pid.to_string()).join("status")).ok()?;
+    text.lines()
+        .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+        .map(|v| v.trim().to_owned())
+}
+
 /// Pids whose command name (/proc/PID/comm) or executable file name equals `name`.
 pub fn find_processes(proc_root: &Path, name: &str) -> Vec<u32> {
     let Ok(entries) = std::fs::read_dir(proc_root) else {

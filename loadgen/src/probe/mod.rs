@@ -164,6 +164,7 @@ impl Running {
             cpu_seconds: own_after - self.own_before,
             cpu_seconds_per_request: per_request(own_after - self.own_before),
             percent_of_core: 100.0 * (own_after - self.own_before) / elapsed,
+            cpus_allowed: cpu::cpus_allowed(root, std::process::id()),
         };
         let mut warnings = Vec::new();
         let mut watched = Vec::new();
@@ -185,6 +186,7 @@ impl Running {
                 cpu_seconds: secs,
                 cpu_seconds_per_request: per_request(secs),
                 percent_of_core: 100.0 * secs / elapsed,
+                cpus_allowed: w.pids.first().and_then(|&p| cpu::cpus_allowed(root, p)),
             });
         }
         let system = match (&self.system_before, &system_after) {

@@ -405,3 +405,40 @@ fn absent_power_sources_are_null_with_a_reason() {
         .contains("no RAPL powercap tree"));
     assert!(run.stdout.contains("power: n/a (no RAPL"), "{}", run.stdout);
 }
+
+#[test]
+fn grpc_workers_can_share_one_http2_connection_like_a_grpc_channel() {
+    let s = stack();
+    let out = temp_dir("lg-shared").join("shared.json");
+    let mut a = base_args(&format!("localhost:{}", s.grpc.addr.port()), "shared");
+    set(&mut a, "--concurrency", "4");
+    a.extend(args(&[
+        "--protocol",
+        "grpc",
+        "--connections",
+        "1",
+        "--requests",
+        "20",
+        "--recreate",
+        "--proxy-metrics",
+        &format!("http://{}/metrics", s.grpc.admin),
+    ]));
+    let run = run_loadgen(&a, Some(&out));
+    assert!(run.status.success(), "{}\n{}", run.stdout, run.stderr);
+    let r = run.result.unwrap();
+    assert_eq!(num(&r, &["requests_ok"]), 20.0);
+    assert_eq!(
+        num(&r, &["handshakes", "count"]),
+        1.0,
+        "one connection for 4 workers"
+    );
+    assert_eq!(num(&r, &["proxy_metrics", "value", "handshakes"]), 1.0);
+    assert_eq!(r["verification"]["value"]["matches"], true);
+
+    // Sharing makes no sense for HTTP/1.1: refused up front.
+    let mut rest = base_args(&format!("localhost:{}", s.rest.addr.port()), "shared");
+    rest.extend(args(&["--connections", "1", "--requests", "1"]));
+    let run = run_loadgen(&rest, None);
+    assert_eq!(run.status.code(), Some(2));
+    assert!(run.stderr.contains("--protocol grpc"), "{}", run.stderr);
+}

@@ -138,6 +138,11 @@ pub struct RunArgs {
 
     #[arg(long, default_value_t = 4)]
     pub concurrency: usize,
+    /// gRPC with --connection-policy reuse: the --concurrency workers share this many HTTP/2
+    /// connections, one stream per request (as a gRPC channel multiplexes). Default: one
+    /// connection per worker.
+    #[arg(long)]
+    pub connections: Option<usize>,
     /// Open loop: requests per second on a fixed schedule. Without it: closed loop.
     #[arg(long)]
     pub rate: Option<f64>,
@@ -459,6 +464,14 @@ pub async fn execute(args: &RunArgs, stop: CancellationToken) -> Result<RunResul
         Some(r) => bail!("--rate {r}: must be above 0"),
         None => Mode::Closed,
     };
+    if let Some(n) = args.connections {
+        if protocol != Protocol::Grpc || args.connection_policy != ConnectionPolicy::Reuse {
+            bail!("--connections shares HTTP/2 connections: it needs --protocol grpc and --connection-policy reuse");
+        }
+        if n == 0 {
+            bail!("--connections must be at least 1");
+        }
+    }
     let driver_config = DriverConfig {
         mode,
         concurrency: args.concurrency.max(1),
@@ -467,6 +480,7 @@ pub async fn execute(args: &RunArgs, stop: CancellationToken) -> Result<RunResul
         requests: args.requests,
         warmup: args.warmup.into(),
         request_timeout: args.request_timeout.into(),
+        shared_connections: args.connections,
         progress: !args.quiet,
     };
     let proxy_metrics = args.proxy_metrics.clone().map(|url| {

@@ -250,9 +250,9 @@ impl Connector {
         match self.protocol {
             Protocol::Rest => {
                 let (sender, conn) = http1::handshake(io).await.map_err(proto_err)?;
-                let driver = tokio::spawn(async move {
+                let driver = Some(tokio::spawn(async move {
                     let _ = conn.await;
-                });
+                }));
                 Ok(Conn::H1 { sender, driver })
             }
             Protocol::Grpc => {
@@ -265,36 +265,53 @@ impl Connector {
                     .handshake(io)
                     .await
                     .map_err(proto_err)?;
-                let driver = tokio::spawn(async move {
+                let driver = Some(tokio::spawn(async move {
                     let _ = conn.await;
-                });
+                }));
                 Ok(Conn::H2 { sender, driver })
             }
         }
     }
 }
 
-/// An open connection, ready for requests.
+/// An open connection, ready for requests. The owner holds the task driving it (dropping
+/// the owner closes the connection); HTTP/2 shares hand out driverless clones.
 pub enum Conn {
     H1 {
         sender: http1::SendRequest<Full<Bytes>>,
-        driver: tokio::task::JoinHandle<()>,
+        driver: Option<tokio::task::JoinHandle<()>>,
     },
     H2 {
         sender: http2::SendRequest<Full<Bytes>>,
-        driver: tokio::task::JoinHandle<()>,
+        driver: Option<tokio::task::JoinHandle<()>>,
     },
 }
 
 impl Drop for Conn {
     fn drop(&mut self) {
         match self {
-            Conn::H1 { driver, .. } | Conn::H2 { driver, .. } => driver.abort(),
+            Conn::H1 { driver, .. } | Conn::H2 { driver, .. } => {
+                if let Some(d) = driver {
+                    d.abort();
+                }
+            }
         }
     }
 }
 
 impl Conn {
+    /// Another handle on the same HTTP/2 connection (a new stream per request, as a gRPC
+    /// channel multiplexes); None for HTTP/1.1, which serves one request at a time.
+    pub fn share(&self) -> Option<Conn> {
+        match self {
+            Conn::H2 { sender, .. } => Some(Conn::H2 {
+                sender: sender.clone(),
+                driver: None,
+            }),
+            Conn::H1 { .. } => None,
+        }
+    }
+
     /// Sends one request and reads the whole answer; Ok only for HTTP 200 and, for gRPC,
     /// grpc-status 0.
     pub async fn send(&mut self, req: ::http::Request<Full<Bytes>>) -> Result<(), Failure> {

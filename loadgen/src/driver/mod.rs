@@ -68,6 +68,9 @@ pub struct DriverConfig {
     pub requests: Option<u64>,
     pub warmup: Duration,
     pub request_timeout: Duration,
+    /// HTTP/2 with keep-alive: the workers share this many connections, each request a new
+    /// stream on one of them (a gRPC channel's behaviour). None: one connection per worker.
+    pub shared_connections: Option<usize>,
     /// Print a progress line every second.
     pub progress: bool,
 }
@@ -110,6 +113,8 @@ struct Shared {
     live_ok: AtomicU64,
     live_failed: AtomicU64,
     live_latency: Mutex<Histogram<u64>>,
+    /// Shared HTTP/2 connections, when `shared_connections` is set.
+    h2_slots: Vec<tokio::sync::Mutex<Option<Conn>>>,
     stop: CancellationToken,
 }
 
@@ -159,13 +164,16 @@ pub async fn run(
         live_ok: AtomicU64::new(0),
         live_failed: AtomicU64::new(0),
         live_latency: Mutex::new(histogram()),
+        h2_slots: (0..config.shared_connections.unwrap_or(0))
+            .map(|_| tokio::sync::Mutex::new(None))
+            .collect(),
         stop: stop.clone(),
     });
     let progress = config
         .progress
         .then(|| tokio::spawn(progress_loop(shared.clone())));
     let workers: Vec<_> = (0..config.concurrency.max(1))
-        .map(|_| tokio::spawn(worker(shared.clone())))
+        .map(|id| tokio::spawn(worker(shared.clone(), id)))
         .collect();
 
     let mut latency = histogram();
@@ -248,8 +256,33 @@ fn next_request(shared: &Shared) -> Option<(u64, Instant)> {
     Some((seq, due))
 }
 
+/// A stream on the worker's shared HTTP/2 connection, opening it when needed; the handshake
+/// is reported by the worker that opened it.
+async fn shared_stream(
+    shared: &Shared,
+    id: usize,
+) -> Result<(Conn, Option<(Duration, bool)>), crate::client::Failure> {
+    let slot = &shared.h2_slots[id % shared.h2_slots.len()];
+    let mut guard = slot.lock().await;
+    let mut handshake = None;
+    if guard.as_ref().is_none_or(Conn::is_closed) {
+        let opened = shared.connector.open().await?;
+        handshake = Some((opened.handshake, opened.resumed));
+        *guard = Some(opened.conn);
+    }
+    let conn = guard
+        .as_ref()
+        .and_then(Conn::share)
+        .ok_or_else(|| crate::client::Failure {
+            kind: FailureKind::Protocol,
+            message: "shared connections need HTTP/2".to_owned(),
+        })?;
+    Ok((conn, handshake))
+}
+
 async fn worker(
     shared: Arc<Shared>,
+    id: usize,
 ) -> (
     WorkerTally,
     Histogram<u64>,
@@ -286,6 +319,10 @@ async fn worker(
         let request = shared.workload.request(seq);
         let body_len = shared.workload.body_len(seq) as u64;
         let attempt = async {
+            if !shared.h2_slots.is_empty() {
+                let (mut stream, handshake) = shared_stream(&shared, id).await?;
+                return stream.send(request).await.map(|()| handshake);
+            }
             let mut handshake_taken = None;
             if conn.is_none() {
                 let opened = shared.connector.open().await?;

@@ -299,10 +299,6 @@ pub async fn execute(args: &CompareArgs, stop: CancellationToken) -> Result<Vec<
     let provider_names: Vec<String> = providers.iter().map(|p| p.to_string()).collect();
     let algorithm_names: Vec<String> = algorithms.iter().map(|a| a.to_string()).collect();
     let repeat = args.repeat.unwrap_or(args.profile.repeat());
-    std::fs::create_dir_all(args.out.join("cells"))
-        .with_context(|| format!("creating {}", args.out.display()))?;
-    let work = args.out.join("work");
-    std::fs::create_dir_all(&work)?;
     // Flags for every cell are checked once, up front, not twelve times.
     let probe_cell = Cell {
         provider: provider_names[0].clone(),
@@ -320,6 +316,29 @@ pub async fn execute(args: &CompareArgs, stop: CancellationToken) -> Result<Vec<
     RunWrapper::try_parse_from(std::iter::once("loadgen".to_owned()).chain(probe_args))
         .map_err(|e| anyhow!("flags after -- are not valid `loadgen run` flags: {e}"))?;
 
+    let cells_dir = args.out.join("cells");
+    std::fs::create_dir_all(&cells_dir)
+        .with_context(|| format!("creating {}", args.out.display()))?;
+    if !args.resume {
+        // A new comparison starts clean: cells left from an earlier run with other settings
+        // would otherwise be rendered into this report.
+        let stale: Vec<PathBuf> = std::fs::read_dir(&cells_dir)?
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.extension().is_some_and(|e| e == "json"))
+            .collect();
+        if !stale.is_empty() {
+            eprintln!(
+                "removing {} cell results of an earlier run from {} (--resume keeps them)",
+                stale.len(),
+                cells_dir.display()
+            );
+        }
+        for p in stale {
+            std::fs::remove_file(&p).with_context(|| format!("removing {}", p.display()))?;
+        }
+    }
+    let work = args.out.join("work");
+    std::fs::create_dir_all(&work)?;
     let remote = args.proxy_admin.is_some();
     let (ca, cert_dir) = if remote {
         let ca = args.ca.clone().ok_or_else(|| {

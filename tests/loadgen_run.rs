@@ -442,3 +442,65 @@ fn grpc_workers_can_share_one_http2_connection_like_a_grpc_channel() {
     assert_eq!(run.status.code(), Some(2));
     assert!(run.stderr.contains("--protocol grpc"), "{}", run.stderr);
 }
+
+#[test]
+fn insecure_mode_skips_verification_and_says_so() {
+    let s = stack();
+    let other = temp_dir("lg-insecure-ca");
+    let other_set = proxy::crypto::generate_cert_set(&other, &[CertAlgorithmName::EcdsaP256], &[])
+        .expect("certs");
+    let out = temp_dir("lg-insecure").join("r.json");
+    let mut a = base_args(&format!("localhost:{}", s.rest.addr.port()), "insecure");
+    set(&mut a, "--ca", &other_set.ca_cert.display().to_string());
+    a.extend(args(&["--insecure", "--requests", "2"]));
+    let run = run_loadgen(&a, Some(&out));
+    assert!(run.status.success(), "{}", run.stderr);
+    let r = run.result.unwrap();
+    assert_eq!(r["tls_verification"], false);
+    assert!(
+        run.stdout.contains("TLS verification OFF"),
+        "{}",
+        run.stdout
+    );
+}
+
+#[test]
+fn redfish_power_is_sampled_through_the_run() {
+    // A BMC cannot exist here: the recorded-shape iDRAC answer is served over real HTTP.
+    let s = stack();
+    let body = std::fs::read(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/redfish/idrac9-power.json"),
+    )
+    .unwrap();
+    let bmc = StaticJson::start(body);
+    let out = temp_dir("lg-redfish").join("r.json");
+    let mut a = base_args(&format!("localhost:{}", s.grpc.addr.port()), "power");
+    set(&mut a, "--power", "redfish");
+    a.extend(args(&[
+        "--protocol",
+        "grpc",
+        "--duration",
+        "2s",
+        "--redfish",
+        &format!("{}/redfish/v1/Chassis/System.Embedded.1/Power", bmc.url()),
+        "--redfish-user",
+        "root",
+    ]));
+    let run = run_loadgen(&a, Some(&out));
+    assert!(run.status.success(), "{}", run.stderr);
+    let r = run.result.unwrap();
+    let p = &r["power"]["value"];
+    assert_eq!(p["source"], "redfish", "{r:#}");
+    assert_eq!(num(p, &["mean_watts"]), 612.0);
+    assert!(num(p, &["samples"]) >= 2.0, "sampled through the run: {p}");
+    let expected = 612.0 * num(&r, &["measured_seconds"]);
+    assert!(
+        (num(p, &["joules"]) - expected).abs() / expected < 0.05,
+        "{p}"
+    );
+    assert!(
+        run.stdout.contains("power: redfish 612.0 W"),
+        "{}",
+        run.stdout
+    );
+}

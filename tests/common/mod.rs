@@ -998,3 +998,33 @@ async fn fake_embeddings(
         .body(Full::new(Bytes::from(answer.to_string())))
         .expect("response")
 }
+
+/// Serves one fixed JSON body to every request (a recorded answer standing in for hardware
+/// that cannot exist here, such as a BMC's Redfish API).
+pub struct StaticJson {
+    pub addr: SocketAddr,
+    _guard: ServerGuard,
+}
+
+impl StaticJson {
+    pub fn start(body: Vec<u8>) -> Self {
+        let body = Bytes::from(body);
+        let (addr, guard) = spawn_http_server(move |_req: Request<Incoming>| {
+            let body = body.clone();
+            async move {
+                Response::builder()
+                    .header("content-type", "application/json")
+                    .body(Full::new(body))
+                    .expect("response")
+            }
+        });
+        Self {
+            addr,
+            _guard: guard,
+        }
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+}

@@ -158,7 +158,10 @@ fn open_loop_latency_includes_the_queueing_behind_a_slow_upstream() {
     // k x 50 ms and cannot finish before (k + 1) x 100 ms: its latency from the schedule is at
     // least 50k + 100 ms, up to about 2 s for the last one. A driver that measured from the
     // actual send (coordinated omission) would report about 100 ms throughout.
-    let slow = SlowQdrant::start(Duration::from_millis(100));
+    let slow = StaticJson::start_delayed(
+        br#"{"result":{"status":"acknowledged"},"status":"ok","time":0.1}"#.to_vec(),
+        Duration::from_millis(100),
+    );
     let proxy = ProxyProcess::start(
         &slow.url(),
         ProviderName::AwsLcRs,

@@ -885,36 +885,6 @@ pub fn args(list: &[&str]) -> Vec<String> {
     list.iter().map(|s| (*s).to_owned()).collect()
 }
 
-/// A Qdrant stand-in that answers every request with 200 and a Qdrant-shaped JSON body after
-/// `delay`, one at a time per connection: a deliberately slow upstream.
-pub struct SlowQdrant {
-    pub addr: SocketAddr,
-    _guard: ServerGuard,
-}
-
-impl SlowQdrant {
-    pub fn start(delay: Duration) -> Self {
-        let (addr, guard) = spawn_http_server(move |req: Request<Incoming>| async move {
-            let _ = req.into_body().collect().await;
-            tokio::time::sleep(delay).await;
-            Response::builder()
-                .header("content-type", "application/json")
-                .body(Full::new(Bytes::from_static(
-                    br#"{"result":{"status":"acknowledged"},"status":"ok","time":0.1}"#,
-                )))
-                .expect("response")
-        });
-        Self {
-            addr,
-            _guard: guard,
-        }
-    }
-
-    pub fn url(&self) -> String {
-        format!("http://{}", self.addr)
-    }
-}
-
 /// A stand-in for OpenVINO Model Server's OpenAI-compatible embeddings endpoint
 /// (`POST /v3/embeddings`), since OVMS cannot run here: deterministic `dim`-d unit vectors
 /// derived from each input text, in the OpenAI answer shape. Counts the calls it served.
@@ -999,8 +969,9 @@ async fn fake_embeddings(
         .expect("response")
 }
 
-/// Serves one fixed JSON body to every request (a recorded answer standing in for hardware
-/// that cannot exist here, such as a BMC's Redfish API).
+/// Serves one fixed JSON body to every request, after `delay`: a recorded answer standing in
+/// for hardware that cannot exist here (a BMC's Redfish API), or a deliberately slow
+/// Qdrant-shaped upstream.
 pub struct StaticJson {
     pub addr: SocketAddr,
     _guard: ServerGuard,
@@ -1008,10 +979,17 @@ pub struct StaticJson {
 
 impl StaticJson {
     pub fn start(body: Vec<u8>) -> Self {
+        Self::start_delayed(body, Duration::ZERO)
+    }
+
+    /// Reads each request's body, waits `delay`, then answers.
+    pub fn start_delayed(body: Vec<u8>, delay: Duration) -> Self {
         let body = Bytes::from(body);
-        let (addr, guard) = spawn_http_server(move |_req: Request<Incoming>| {
+        let (addr, guard) = spawn_http_server(move |req: Request<Incoming>| {
             let body = body.clone();
             async move {
+                let _ = req.into_body().collect().await;
+                tokio::time::sleep(delay).await;
                 Response::builder()
                     .header("content-type", "application/json")
                     .body(Full::new(body))

@@ -219,40 +219,24 @@ fn remote_mode_switches_a_running_proxy_between_cells() {
     );
     let cert_dir = certs().ca_cert.parent().unwrap().to_owned();
     let out = temp_dir("compare-remote");
-    let mut a = args(&[
-        "compare",
-        "--providers",
-        "ring,aws-lc-rs",
-        "--algorithms",
-        "ecdsa-p256,rsa2048",
-        "--out",
-        out.to_str().unwrap(),
-        "--requests",
-        "4",
-        "--warmup",
-        "0s",
-        "--concurrency",
-        "2",
-        "--proxy-admin",
-        &format!("http://{}", proxy.admin),
-        "--proxy-admin-token-file",
-        token.to_str().unwrap(),
-        "--target",
-        &format!("localhost:{}", proxy.addr.port()),
-        "--remote-cert-dir",
-        cert_dir.to_str().unwrap(),
-        "--ca",
-        certs().ca_cert.to_str().unwrap(),
-    ]);
-    a.extend(args(&[
-        "--",
-        "--dim",
-        "32",
-        "--points-per-request",
-        "10",
-        "--power",
-        "none",
-    ]));
+    let mut a = compare_args(
+        &out,
+        &[
+            "--proxy-admin",
+            &format!("http://{}", proxy.admin),
+            "--proxy-admin-token-file",
+            token.to_str().unwrap(),
+            "--target",
+            &format!("localhost:{}", proxy.addr.port()),
+            "--remote-cert-dir",
+            cert_dir.to_str().unwrap(),
+            "--ca",
+            certs().ca_cert.to_str().unwrap(),
+        ],
+    );
+    set_flag(&mut a, "--providers", "ring,aws-lc-rs");
+    set_flag(&mut a, "--algorithms", "ecdsa-p256,rsa2048");
+    set_flag(&mut a, "--requests", "4");
     let run = run_loadgen(&a, None);
     assert!(run.status.success(), "{}\n{}", run.stdout, run.stderr);
     for alg in ["ecdsa-p256", "rsa2048"] {
@@ -272,8 +256,7 @@ fn remote_mode_switches_a_running_proxy_between_cells() {
     // A wrong token stops the cell with the proxy's answer as the reason.
     std::fs::write(&token, "wrong-token-0123456789abcdefgh").unwrap();
     let out2 = temp_dir("compare-remote-bad");
-    let pos = a.iter().position(|x| x == "--out").unwrap();
-    a[pos + 1] = out2.to_str().unwrap().to_owned();
+    set_flag(&mut a, "--out", out2.to_str().unwrap());
     let run = run_loadgen(&a, None);
     assert!(
         run.status.success(),
@@ -297,22 +280,11 @@ fn cpu_pinning_holds_for_the_proxy_the_upstream_and_loadgen() {
     let (proxy_cpu, other_cpu) = if cpus >= 2 { ("0", "1") } else { ("0", "0") };
     let out = temp_dir("compare-pinned");
     let mut a = compare_args(&out, &[]);
-    let pos = a.iter().position(|x| x == "--providers").unwrap();
-    a[pos + 1] = "aws-lc-rs".into();
-    let pos = a.iter().position(|x| x == "--algorithms").unwrap();
-    a[pos + 1] = "ecdsa-p256".into();
-    let sep = a.iter().position(|x| x == "--").unwrap();
-    for (i, flag) in [
-        ("--proxy-cpus", proxy_cpu),
-        ("--upstream-cpus", other_cpu),
-        ("--loadgen-cpus", other_cpu),
-    ]
-    .iter()
-    .enumerate()
-    {
-        a.insert(sep + 2 * i, flag.0.to_owned());
-        a.insert(sep + 2 * i + 1, flag.1.to_owned());
-    }
+    set_flag(&mut a, "--providers", "aws-lc-rs");
+    set_flag(&mut a, "--algorithms", "ecdsa-p256");
+    set_flag(&mut a, "--proxy-cpus", proxy_cpu);
+    set_flag(&mut a, "--upstream-cpus", other_cpu);
+    set_flag(&mut a, "--loadgen-cpus", other_cpu);
     // A cell left from an earlier comparison in the same folder must not reach this report.
     std::fs::create_dir_all(out.join("cells")).unwrap();
     std::fs::write(out.join("cells/ring__rsa4096__r1.json"), "{}").unwrap();

@@ -32,14 +32,6 @@ fn base_args(target: &str, collection: &str) -> Vec<String> {
     ])
 }
 
-/// Sets `flag` to `value`, replacing an earlier occurrence.
-fn set(a: &mut Vec<String>, flag: &str, value: &str) {
-    match a.iter().position(|x| x == flag) {
-        Some(i) => a[i + 1] = value.to_owned(),
-        None => a.extend([flag.to_owned(), value.to_owned()]),
-    }
-}
-
 fn num(v: &Value, path: &[&str]) -> f64 {
     let mut cur = v;
     for p in path {
@@ -170,7 +162,7 @@ fn open_loop_latency_includes_the_queueing_behind_a_slow_upstream() {
     );
     let out = temp_dir("lg-open").join("open.json");
     let mut a = base_args(&format!("localhost:{}", proxy.addr.port()), "slow");
-    set(&mut a, "--concurrency", "1");
+    set_flag(&mut a, "--concurrency", "1");
     a.extend(args(&[
         "--protocol",
         "rest",
@@ -311,7 +303,7 @@ fn failed_requests_are_counted_and_reported() {
     make.extend(args(&["--requests", "2", "--recreate"]));
     assert!(run_loadgen(&make, None).status.success());
     let mut wrong = base_args(&target, "dims");
-    set(&mut wrong, "--dim", "32");
+    set_flag(&mut wrong, "--dim", "32");
     wrong.extend(args(&["--requests", "5"]));
     let run = run_loadgen(&wrong, Some(&dir.join("wrong.json")));
     assert_eq!(
@@ -345,7 +337,7 @@ fn failed_requests_are_counted_and_reported() {
     ]));
     assert!(run_loadgen(&make, None).status.success());
     let mut wrong = base_args(&gtarget, "gdims");
-    set(&mut wrong, "--dim", "32");
+    set_flag(&mut wrong, "--dim", "32");
     wrong.extend(args(&["--requests", "3", "--protocol", "grpc"]));
     let run = run_loadgen(&wrong, Some(&dir.join("gwrong.json")));
     let r = run.result.expect("result");
@@ -367,7 +359,7 @@ fn a_target_that_refuses_tls_or_is_untrusted_gives_a_clear_error() {
     let other_set = proxy::crypto::generate_cert_set(&other, &[CertAlgorithmName::EcdsaP256], &[])
         .expect("certs");
     let mut a = base_args(&format!("localhost:{}", s.rest.addr.port()), "x");
-    set(&mut a, "--ca", &other_set.ca_cert.display().to_string());
+    set_flag(&mut a, "--ca", &other_set.ca_cert.display().to_string());
     a.extend(args(&["--requests", "1"]));
     let run = run_loadgen(&a, None);
     assert_eq!(run.status.code(), Some(2));
@@ -391,7 +383,7 @@ fn absent_power_sources_are_null_with_a_reason() {
     let dir = temp_dir("lg-power");
     let mut a = base_args(&format!("localhost:{}", s.grpc.addr.port()), "pw");
     a.extend(args(&["--protocol", "grpc"]));
-    set(&mut a, "--power", "rapl");
+    set_flag(&mut a, "--power", "rapl");
     a.extend(args(&[
         "--requests",
         "2",
@@ -414,7 +406,7 @@ fn grpc_workers_can_share_one_http2_connection_like_a_grpc_channel() {
     let s = stack();
     let out = temp_dir("lg-shared").join("shared.json");
     let mut a = base_args(&format!("localhost:{}", s.grpc.addr.port()), "shared");
-    set(&mut a, "--concurrency", "4");
+    set_flag(&mut a, "--concurrency", "4");
     a.extend(args(&[
         "--protocol",
         "grpc",
@@ -454,7 +446,7 @@ fn insecure_mode_skips_verification_and_says_so() {
         .expect("certs");
     let out = temp_dir("lg-insecure").join("r.json");
     let mut a = base_args(&format!("localhost:{}", s.rest.addr.port()), "insecure");
-    set(&mut a, "--ca", &other_set.ca_cert.display().to_string());
+    set_flag(&mut a, "--ca", &other_set.ca_cert.display().to_string());
     a.extend(args(&["--insecure", "--requests", "2"]));
     let run = run_loadgen(&a, Some(&out));
     assert!(run.status.success(), "{}", run.stderr);
@@ -478,7 +470,7 @@ fn redfish_power_is_sampled_through_the_run() {
     let bmc = StaticJson::start(body);
     let out = temp_dir("lg-redfish").join("r.json");
     let mut a = base_args(&format!("localhost:{}", s.grpc.addr.port()), "power");
-    set(&mut a, "--power", "redfish");
+    set_flag(&mut a, "--power", "redfish");
     a.extend(args(&[
         "--protocol",
         "grpc",

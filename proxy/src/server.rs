@@ -16,7 +16,7 @@ use tokio_util::task::TaskTracker;
 use crate::admin::{self, AdminState, ListenerMetrics, Metrics};
 use crate::config::{Config, Limits, ListenerMode};
 use crate::crypto::qat::{self, Fallback, QatState};
-use crate::crypto::{load_certified_key, Provider, ProviderName};
+use crate::crypto::ProviderName;
 use crate::http::HttpForwarder;
 use crate::io::{Activity, CountingIo};
 use crate::switch::{ListenerTls, SwitchableListener, TlsSwitch};
@@ -88,9 +88,13 @@ impl Proxy {
                 // Software fallback was configured and activation failed (logged above).
                 provider_name = ProviderName::Openssl;
             }
-            let provider =
-                Provider::new(provider_name, &lc.tls.kx_groups).map_err(|e| at("", &e))?;
-            let cert = load_certified_key(&provider, &lc.cert, &lc.key).map_err(|e| at("", &e))?;
+            let default_alpn: &[&[u8]] = match lc.mode {
+                ListenerMode::Http => &[b"h2", b"http/1.1"],
+                ListenerMode::Tcp => &[],
+            };
+            let (provider, cert, tls_config) =
+                tls::listener_tls(provider_name, &lc.cert, &lc.key, &lc.tls, default_alpn)
+                    .map_err(|e| at("", &e))?;
             if let (ProviderName::OpensslQat, Some(state)) = (provider_name, &qat_state) {
                 match state.prove_signing(&lc.key) {
                     Ok(proof) => tracing::info!(listener = %name, "QAT start-up proof: {proof}"),
@@ -102,12 +106,6 @@ impl Proxy {
                     Err(e) => return Err(at("openssl-qat: ", &e)),
                 }
             }
-            let default_alpn: &[&[u8]] = match lc.mode {
-                ListenerMode::Http => &[b"h2", b"http/1.1"],
-                ListenerMode::Tcp => &[],
-            };
-            let tls_config = tls::server_config(&provider, &cert, &lc.tls, default_alpn)
-                .map_err(|e| at("", &e))?;
             let upstream =
                 UpstreamAddr::parse(&lc.upstream, lc.mode).map_err(|e| at("upstream: ", &e))?;
             let addr: SocketAddr = lc

@@ -20,7 +20,7 @@ use serde::{Deserialize, Serialize};
 use crate::admin::{ListenerMetrics, Metrics};
 use crate::config::TlsPolicy;
 use crate::crypto::qat::QatState;
-use crate::crypto::{load_certified_key, Provider, ProviderName};
+use crate::crypto::ProviderName;
 use crate::tls;
 
 /// What a listener handshakes with right now.
@@ -153,18 +153,15 @@ impl TlsSwitch {
         };
         let mut built = Vec::with_capacity(targets.len());
         for l in &targets {
-            let provider =
-                Provider::new(req.provider, &l.policy.kx_groups).map_err(|e| invalid(l, &e))?;
-            let cert =
-                load_certified_key(&provider, &req.cert, &req.key).map_err(|e| invalid(l, &e))?;
+            let alpn: Vec<&[u8]> = l.default_alpn.iter().map(Vec::as_slice).collect();
+            let (provider, cert, config) =
+                tls::listener_tls(req.provider, &req.cert, &req.key, &l.policy, &alpn)
+                    .map_err(|e| invalid(l, &e))?;
             if let (ProviderName::OpensslQat, Some(state)) = (req.provider, &self.qat) {
                 state
                     .prove_signing(&req.key)
                     .map_err(|e| invalid(l, &format!("openssl-qat: {e}")))?;
             }
-            let alpn: Vec<&[u8]> = l.default_alpn.iter().map(Vec::as_slice).collect();
-            let config = tls::server_config(&provider, &cert, &l.policy, &alpn)
-                .map_err(|e| invalid(l, &e))?;
             built.push((l, provider, cert.algorithm.label(), config));
         }
         let mut outcomes = Vec::with_capacity(built.len());

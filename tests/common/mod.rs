@@ -34,6 +34,22 @@ use tokio_rustls::TlsConnector;
 /// How long any single wait in these tests may take before it is a failure.
 pub const WAIT: Duration = Duration::from_secs(30);
 
+/// Waits for `child` to exit; after `limit` kills it and fails the test naming `what`.
+pub fn wait_bounded(child: &mut Child, limit: Duration, what: &str) -> ExitStatus {
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(status) = child.try_wait().expect("try_wait") {
+            return status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("{what} did not exit within {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 /// A fresh, unique temporary directory.
 pub fn temp_dir(tag: &str) -> PathBuf {
     static SEQ: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
@@ -196,17 +212,7 @@ impl ProxyProcess {
 
     /// Waits (bounded) for the process to exit.
     pub fn wait_exit(&mut self, limit: Duration) -> ExitStatus {
-        let deadline = Instant::now() + limit;
-        loop {
-            if let Some(status) = self.child.try_wait().expect("try_wait") {
-                return status;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "proxy did not exit within {limit:?}"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        wait_bounded(&mut self.child, limit, "proxy")
     }
 
     /// Everything the proxy logged so far.
@@ -279,31 +285,22 @@ pub fn run_proxy_to_exit(args: &[&str]) -> (ExitStatus, String) {
         .stderr(Stdio::piped())
         .spawn()
         .expect("spawn proxy");
-    let deadline = Instant::now() + WAIT;
-    loop {
-        if let Some(status) = child.try_wait().expect("try_wait") {
-            let mut err = String::new();
-            child
-                .stderr
-                .take()
-                .expect("stderr")
-                .read_to_string(&mut err)
-                .ok();
-            let mut out = String::new();
-            child
-                .stdout
-                .take()
-                .expect("stdout")
-                .read_to_string(&mut out)
-                .ok();
-            return (status, format!("{out}{err}"));
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            panic!("proxy {args:?} did not exit within {WAIT:?}");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let status = wait_bounded(&mut child, WAIT, "proxy");
+    let mut err = String::new();
+    child
+        .stderr
+        .take()
+        .expect("stderr")
+        .read_to_string(&mut err)
+        .ok();
+    let mut out = String::new();
+    child
+        .stdout
+        .take()
+        .expect("stdout")
+        .read_to_string(&mut out)
+        .ok();
+    (status, format!("{out}{err}"))
 }
 
 /// The value of the first sample of `name` whose labels contain every `labels` pair.
@@ -393,14 +390,7 @@ impl EmbeddedQdrant {
             nix::sys::signal::Signal::SIGTERM,
         )
         .expect("SIGTERM");
-        let deadline = Instant::now() + WAIT;
-        loop {
-            if let Some(s) = self.child.try_wait().expect("try_wait") {
-                return s;
-            }
-            assert!(Instant::now() < deadline, "embedded-qdrant did not exit");
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        wait_bounded(&mut self.child, WAIT, "embedded-qdrant")
     }
 
     /// Its log so far.
@@ -858,17 +848,7 @@ pub fn run_loadgen(args: &[String], out: Option<&Path>) -> LoadgenRun {
         cmd.arg("--out").arg(out);
     }
     let mut child = cmd.spawn().expect("spawn loadgen");
-    let deadline = Instant::now() + Duration::from_secs(300);
-    let status = loop {
-        if let Some(s) = child.try_wait().expect("try_wait") {
-            break s;
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            panic!("loadgen did not finish within 5 minutes");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    let status = wait_bounded(&mut child, Duration::from_secs(300), "loadgen");
     let result = out
         .and_then(|p| std::fs::read(p).ok())
         .map(|b| serde_json::from_slice(&b).expect("result JSON parses"));
@@ -877,6 +857,19 @@ pub fn run_loadgen(args: &[String], out: Option<&Path>) -> LoadgenRun {
         stdout: std::fs::read_to_string(stdout_path).unwrap_or_default(),
         stderr: std::fs::read_to_string(stderr_path).unwrap_or_default(),
         result,
+    }
+}
+
+/// Sets `flag` to `value` in an argument list: replaces an earlier occurrence, or adds it
+/// before a `--` separator (so it stays the command's flag, not one of what follows).
+pub fn set_flag(a: &mut Vec<String>, flag: &str, value: &str) {
+    let sep = a.iter().position(|x| x == "--").unwrap_or(a.len());
+    match a[..sep].iter().position(|x| x == flag) {
+        Some(i) => a[i + 1] = value.to_owned(),
+        None => {
+            a.insert(sep, value.to_owned());
+            a.insert(sep, flag.to_owned());
+        }
     }
 }
 

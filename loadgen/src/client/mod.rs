@@ -399,24 +399,38 @@ fn contains(haystack: &[u8], needle: &[u8]) -> bool {
     haystack.windows(needle.len()).any(|w| w == needle)
 }
 
-fn grpc_outcome(headers: &::http::HeaderMap) -> Result<(), Failure> {
+/// A gRPC message with its 5-byte frame header: the compressed flag (0), then the length,
+/// big-endian.
+pub fn grpc_frame(message: &[u8]) -> Vec<u8> {
+    let mut framed = Vec::with_capacity(message.len() + 5);
+    framed.push(0);
+    framed.extend_from_slice(&(message.len() as u32).to_be_bytes());
+    framed.extend_from_slice(message);
+    framed
+}
+
+/// grpc-status and grpc-message of an answer's trailers (or of its headers, for a
+/// trailers-only answer); None when it carries no status.
+pub fn grpc_status(headers: &::http::HeaderMap) -> Option<(u32, String)> {
     let code = headers
         .get("grpc-status")
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u32>().ok());
-    match code {
-        Some(0) => Ok(()),
-        Some(c) => {
-            let msg = headers
-                .get("grpc-message")
-                .and_then(|v| v.to_str().ok())
-                .unwrap_or("")
-                .to_owned();
-            Err(Failure::new(
-                FailureKind::GrpcStatus(c),
-                format!("grpc-status {c}: {msg}"),
-            ))
-        }
+        .and_then(|v| v.parse::<u32>().ok())?;
+    let msg = headers
+        .get("grpc-message")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_owned();
+    Some((code, msg))
+}
+
+fn grpc_outcome(headers: &::http::HeaderMap) -> Result<(), Failure> {
+    match grpc_status(headers) {
+        Some((0, _)) => Ok(()),
+        Some((c, msg)) => Err(Failure::new(
+            FailureKind::GrpcStatus(c),
+            format!("grpc-status {c}: {msg}"),
+        )),
         None => Err(Failure::new(
             FailureKind::Protocol,
             "gRPC answer without grpc-status",

@@ -185,10 +185,6 @@ impl<'a> Admin<'a> {
     }
 
     async fn grpc(&mut self, path: &str, message: Vec<u8>) -> Result<Bytes, GrpcError> {
-        let mut framed = Vec::with_capacity(message.len() + 5);
-        framed.push(0);
-        framed.extend_from_slice(&(message.len() as u32).to_be_bytes());
-        framed.extend_from_slice(&message);
         let req = Request::builder()
             .method(Method::POST)
             .uri(format!(
@@ -203,7 +199,7 @@ impl<'a> Admin<'a> {
             .version(http::Version::HTTP_2)
             .header(http::header::CONTENT_TYPE, "application/grpc")
             .header(http::header::TE, "trailers")
-            .body(Full::new(Bytes::from(framed)))
+            .body(Full::new(Bytes::from(super::grpc_frame(&message))))
             .map_err(|e| GrpcError::Other(e.into()))?;
         let Conn::H2 { sender, .. } = &mut self.conn else {
             return Err(GrpcError::Other(anyhow!(
@@ -223,17 +219,9 @@ impl<'a> Admin<'a> {
             .cloned()
             .unwrap_or_else(|| parts.headers.clone());
         let data = collected.to_bytes();
-        let code = trailers
-            .get("grpc-status")
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.parse::<u32>().ok())
+        let (code, msg) = super::grpc_status(&trailers)
             .ok_or_else(|| GrpcError::Other(anyhow!("{path}: answer without grpc-status")))?;
         if code != 0 {
-            let msg = trailers
-                .get("grpc-message")
-                .and_then(|v| v.to_str().ok())
-                .unwrap_or("")
-                .to_owned();
             return Err(GrpcError::Status(
                 code,
                 format!("{path}: grpc-status {code}: {msg}"),

@@ -313,7 +313,7 @@ pub async fn execute(args: &CompareArgs, stop: CancellationToken) -> Result<Vec<
         Path::new("x.json"),
     );
     probe_args.extend(args.run_args.iter().cloned());
-    RunWrapper::try_parse_from(std::iter::once("loadgen".to_owned()).chain(probe_args))
+    parse_run_args(probe_args)
         .map_err(|e| anyhow!("flags after -- are not valid `loadgen run` flags: {e}"))?;
 
     let cells_dir = args.out.join("cells");

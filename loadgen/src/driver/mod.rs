@@ -356,8 +356,11 @@ async fn worker(
                     }
                 }
                 let us = done.saturating_duration_since(due).as_micros() as u64;
-                if let Ok(mut live) = shared.live_latency.lock() {
-                    let _ = live.record(us);
+                // The shared histogram only feeds the progress line; no lock without it.
+                if shared.config.progress {
+                    if let Ok(mut live) = shared.live_latency.lock() {
+                        let _ = live.record(us);
+                    }
                 }
                 if measured {
                     let _ = latency.record(us);

@@ -91,12 +91,10 @@ pub fn upsert(
         offsets.push(msg.len() + id_offset);
         msg.extend_from_slice(&p);
     }
-    // gRPC message framing: compressed flag, then the length, big-endian.
-    let mut framed = Vec::with_capacity(msg.len() + 5);
-    framed.push(0);
-    framed.extend_from_slice(&(msg.len() as u32).to_be_bytes());
-    framed.extend_from_slice(&msg);
-    (framed, offsets.into_iter().map(|o| o + 5).collect())
+    (
+        crate::client::grpc_frame(&msg),
+        offsets.into_iter().map(|o| o + 5).collect(),
+    )
 }
 
 /// Writes `id` (which must lie in [2^56, 2^63)) as exactly 9 varint bytes.

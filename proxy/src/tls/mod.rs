@@ -2,6 +2,7 @@
 //! handshakes, either inline on the reactor or with the signing step on a dedicated pool.
 
 use std::io;
+use std::path::Path;
 use std::sync::Arc;
 
 use rustls::server::{NoServerSessionStorage, ServerSessionMemoryCache, WebPkiClientVerifier};
@@ -13,11 +14,29 @@ use tokio_rustls::server::TlsStream;
 use tokio_rustls::LazyConfigAcceptor;
 
 use crate::config::{HandshakeOffload, TlsPolicy, TlsVersion};
-use crate::crypto::{load_client_ca, CryptoError, LoadedCert, Provider};
+use crate::crypto::{
+    load_certified_key, load_client_ca, CryptoError, LoadedCert, Provider, ProviderName,
+};
 
 /// Stateful session cache size: enough for a busy benchmark's clients (TLS 1.2 session
 /// ids) at a few hundred bytes each.
 const SESSION_CACHE_SIZE: usize = 4096;
+
+/// A listener's provider, checked certificate and rustls configuration: the one way both
+/// start-up and the run-time switch ([`crate::switch`]) build them. The QAT signing proof
+/// stays with the callers, which differ in what a failed proof means.
+pub fn listener_tls(
+    provider: ProviderName,
+    cert: &Path,
+    key: &Path,
+    policy: &TlsPolicy,
+    default_alpn: &[&[u8]],
+) -> Result<(Provider, LoadedCert, Arc<ServerConfig>), CryptoError> {
+    let provider = Provider::new(provider, &policy.kx_groups)?;
+    let loaded = load_certified_key(&provider, cert, key)?;
+    let config = server_config(&provider, &loaded, policy, default_alpn)?;
+    Ok((provider, loaded, config))
+}
 
 /// Builds a listener's TLS configuration.
 ///

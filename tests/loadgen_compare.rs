@@ -54,6 +54,14 @@ fn tiny_matrix_writes_cells_and_report_and_survives_a_failing_provider() {
     let out = temp_dir("compare");
     let run = run_loadgen(&compare_args(&out, &[]), None);
     assert!(run.status.success(), "{}\n{}", run.stdout, run.stderr);
+    // The upstream's points are not left behind (GBs in the real profiles); its log is.
+    assert!(!out.join("work/upstream-data").exists());
+    assert!(
+        run.stderr.contains("removed the upstream's data"),
+        "{}",
+        run.stderr
+    );
+    assert!(out.join("work/embedded-qdrant.log").is_file());
 
     // Every cell has its JSON: measured ones as run results, the QAT ones as failures.
     for alg in ALGORITHMS {
@@ -285,6 +293,7 @@ fn cpu_pinning_holds_for_the_proxy_the_upstream_and_loadgen() {
     set_flag(&mut a, "--proxy-cpus", proxy_cpu);
     set_flag(&mut a, "--upstream-cpus", other_cpu);
     set_flag(&mut a, "--loadgen-cpus", other_cpu);
+    a.insert(1, "--keep-upstream-data".into());
     // A cell left from an earlier comparison in the same folder must not reach this report.
     std::fs::create_dir_all(out.join("cells")).unwrap();
     std::fs::write(out.join("cells/ring__rsa4096__r1.json"), "{}").unwrap();
@@ -292,6 +301,10 @@ fn cpu_pinning_holds_for_the_proxy_the_upstream_and_loadgen() {
     assert!(run.status.success(), "{}\n{}", run.stdout, run.stderr);
     assert!(!out.join("cells/ring__rsa4096__r1.json").exists());
     assert!(!read(&out.join("report.md")).contains("rsa4096"));
+    assert!(
+        out.join("work/upstream-data").is_dir(),
+        "--keep-upstream-data keeps the upstream's points"
+    );
     let v: serde_json::Value =
         serde_json::from_str(&read(&out.join("cells/aws-lc-rs__ecdsa-p256__r1.json"))).unwrap();
     let watched = v["cpu"]["watched"].as_array().unwrap();

@@ -459,6 +459,16 @@ fn insecure_mode_skips_verification_and_says_so() {
     );
 }
 
+/// A gRPC run through the stack with `--power SOURCE` (instead of none) and `extra` flags.
+fn power_run(s: &Stack, collection: &str, source: &str, extra: &[&str]) -> LoadgenRun {
+    let out = temp_dir(collection).join("r.json");
+    let mut a = base_args(&format!("localhost:{}", s.grpc.addr.port()), collection);
+    set_flag(&mut a, "--power", source);
+    a.extend(args(&["--protocol", "grpc"]));
+    a.extend(args(extra));
+    run_loadgen(&a, Some(&out))
+}
+
 #[test]
 fn redfish_power_is_sampled_through_the_run() {
     // A BMC cannot exist here: the recorded-shape iDRAC answer is served over real HTTP.
@@ -468,20 +478,19 @@ fn redfish_power_is_sampled_through_the_run() {
     )
     .unwrap();
     let bmc = StaticJson::start(body);
-    let out = temp_dir("lg-redfish").join("r.json");
-    let mut a = base_args(&format!("localhost:{}", s.grpc.addr.port()), "power");
-    set_flag(&mut a, "--power", "redfish");
-    a.extend(args(&[
-        "--protocol",
-        "grpc",
-        "--duration",
-        "2s",
-        "--redfish",
-        &format!("{}/redfish/v1/Chassis/System.Embedded.1/Power", bmc.url()),
-        "--redfish-user",
-        "root",
-    ]));
-    let run = run_loadgen(&a, Some(&out));
+    let run = power_run(
+        &s,
+        "power",
+        "redfish",
+        &[
+            "--duration",
+            "2s",
+            "--redfish",
+            &format!("{}/redfish/v1/Chassis/System.Embedded.1/Power", bmc.url()),
+            "--redfish-user",
+            "root",
+        ],
+    );
     assert!(run.status.success(), "{}", run.stderr);
     let r = run.result.unwrap();
     let p = &r["power"]["value"];
@@ -498,4 +507,66 @@ fn redfish_power_is_sampled_through_the_run() {
         "{}",
         run.stdout
     );
+}
+
+#[test]
+fn prometheus_power_is_sampled_from_a_real_prometheus_server() {
+    // The power sensor cannot exist here, so an exporter stand-in serves two PSU readings in
+    // ipmi_exporter's metric name; the Prometheus server that scrapes it and evaluates the
+    // query is the real one (Debian's package).
+    let s = stack();
+    let exporter = StaticJson::start_metrics(
+        "# HELP ipmi_dcmi_power_consumption_watts Current power consumption in watts.\n\
+         # TYPE ipmi_dcmi_power_consumption_watts gauge\n\
+         ipmi_dcmi_power_consumption_watts{psu=\"1\"} 301.5\n\
+         ipmi_dcmi_power_consumption_watts{psu=\"2\"} 298\n",
+    );
+    let prometheus = PrometheusServer::start(&[("ipmi", exporter.addr)]);
+    let query = "ipmi_dcmi_power_consumption_watts{job=\"ipmi\"}";
+    prometheus.wait_for_series(query);
+    let run = power_run(
+        &s,
+        "power-prom",
+        "prometheus",
+        &[
+            "--duration",
+            "2s",
+            "--prometheus",
+            &prometheus.url(),
+            "--prometheus-query",
+            query,
+        ],
+    );
+    assert!(run.status.success(), "{}", run.stderr);
+    let r = run.result.unwrap();
+    let p = &r["power"]["value"];
+    assert_eq!(p["source"], "prometheus", "{r:#}");
+    assert_eq!(num(p, &["mean_watts"]), 599.5, "both series summed: {p}");
+    assert!(num(p, &["samples"]) >= 2.0, "sampled through the run: {p}");
+    assert!(p["detail"].as_str().unwrap().contains("2 series"), "{p}");
+    let expected = 599.5 * num(&r, &["measured_seconds"]);
+    assert!(
+        (num(p, &["joules"]) - expected).abs() / expected < 0.05,
+        "{p}"
+    );
+
+    // A query that matches nothing leaves power null with Prometheus' reason, never 0 W.
+    let run = power_run(
+        &s,
+        "power-prom-none",
+        "prometheus",
+        &[
+            "--requests",
+            "2",
+            "--prometheus",
+            &prometheus.url(),
+            "--prometheus-query",
+            "no_such_power_metric_watts",
+        ],
+    );
+    assert!(run.status.success(), "{}", run.stderr);
+    let r = run.result.unwrap();
+    assert!(r["power"]["value"].is_null(), "{r:#}");
+    let reason = r["power"]["reason"].as_str().unwrap();
+    assert!(reason.contains("no series"), "{reason}");
 }

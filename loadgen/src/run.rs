@@ -15,7 +15,7 @@ use crate::client::qdrant::Admin;
 use crate::client::tls::{client_config, TlsOptions};
 use crate::client::{Connector, Protocol, Target};
 use crate::driver::{self, ConnectionPolicy, DriverConfig, Mode};
-use crate::probe::{self, PowerSource, ProbeConfig, Watched};
+use crate::probe::{self, PowerSource, ProbeConfig, Watched, WattMeter};
 use crate::result::*;
 use crate::vectors::{self, EmbeddingsClient, EmbeddingsOptions, LiveEmbedder, VectorSet};
 use crate::workload::{id_base_for_run, UpsertSpec, Workload};
@@ -34,10 +34,12 @@ pub enum VectorSource {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, ValueEnum)]
 #[serde(rename_all = "lowercase")]
 pub enum PowerChoice {
-    /// RAPL when readable, else none with the reason.
+    /// Redfish or Prometheus when their flags are given, else RAPL when readable, else none
+    /// with the reason.
     Auto,
     Rapl,
     Redfish,
+    Prometheus,
     None,
 }
 
@@ -186,6 +188,17 @@ pub struct RunArgs {
     pub redfish_ca: Option<PathBuf>,
     #[arg(long)]
     pub redfish_insecure: bool,
+    /// A Prometheus server that scrapes the machine's power, e.g. http://prometheus:9090;
+    /// sampled through the run with --prometheus-query.
+    #[arg(long)]
+    pub prometheus: Option<String>,
+    /// PromQL instant query whose value is the power in watts (a vector is summed), e.g.
+    /// 'ipmi_dcmi_power_consumption_watts{instance="db1:9290"}'.
+    #[arg(long)]
+    pub prometheus_query: Option<String>,
+    /// CA for an https:// Prometheus server (default: the system's roots).
+    #[arg(long)]
+    pub prometheus_ca: Option<PathBuf>,
     /// The proxy's Prometheus endpoint, scraped before and after, e.g. http://127.0.0.1:9090/metrics.
     #[arg(long)]
     pub proxy_metrics: Option<String>,
@@ -327,20 +340,37 @@ fn power_source(args: &RunArgs) -> Result<PowerSource> {
         } else {
             None
         };
-        Ok(PowerSource::Redfish(Arc::new(
+        Ok(PowerSource::Meter(Arc::new(WattMeter::Redfish(
             probe::redfish::Redfish::new(
                 url,
                 args.redfish_user.as_deref(),
                 args.redfish_password.as_deref(),
                 tls,
             ),
-        )))
+        ))))
+    };
+    let prometheus = || -> Result<PowerSource> {
+        let (Some(url), Some(query)) = (&args.prometheus, &args.prometheus_query) else {
+            bail!("--power prometheus needs --prometheus URL and --prometheus-query PROMQL");
+        };
+        let tls = if url.starts_with("https://") {
+            Some(trust_config(args.prometheus_ca.as_deref(), false)?)
+        } else {
+            None
+        };
+        Ok(PowerSource::Meter(Arc::new(WattMeter::Prometheus(
+            probe::prometheus::PrometheusPower::new(url, query, tls),
+        ))))
     };
     Ok(match args.power {
         PowerChoice::None => PowerSource::None("power measurement off (--power none)".to_owned()),
         PowerChoice::Rapl => PowerSource::Rapl(args.rapl_root.clone()),
         PowerChoice::Redfish => redfish()?,
+        PowerChoice::Prometheus => prometheus()?,
         PowerChoice::Auto if args.redfish.is_some() => redfish()?,
+        PowerChoice::Auto if args.prometheus.is_some() || args.prometheus_query.is_some() => {
+            prometheus()?
+        }
         PowerChoice::Auto => match probe::rapl::Rapl::open(&args.rapl_root) {
             Ok(_) => PowerSource::Rapl(args.rapl_root.clone()),
             Err(reason) => PowerSource::None(reason),

@@ -972,11 +972,24 @@ pub struct StaticJson {
 
 impl StaticJson {
     pub fn start(body: Vec<u8>) -> Self {
-        Self::start_delayed(body, Duration::ZERO)
+        Self::serve(body, "application/json", Duration::ZERO)
     }
 
     /// Reads each request's body, waits `delay`, then answers.
     pub fn start_delayed(body: Vec<u8>, delay: Duration) -> Self {
+        Self::serve(body, "application/json", delay)
+    }
+
+    /// The same answer as Prometheus text exposition (a stand-in exporter).
+    pub fn start_metrics(text: &str) -> Self {
+        Self::serve(
+            text.as_bytes().to_vec(),
+            "text/plain; version=0.0.4",
+            Duration::ZERO,
+        )
+    }
+
+    fn serve(body: Vec<u8>, content_type: &'static str, delay: Duration) -> Self {
         let body = Bytes::from(body);
         let (addr, guard) = spawn_http_server(move |req: Request<Incoming>| {
             let body = body.clone();
@@ -984,7 +997,7 @@ impl StaticJson {
                 let _ = req.into_body().collect().await;
                 tokio::time::sleep(delay).await;
                 Response::builder()
-                    .header("content-type", "application/json")
+                    .header("content-type", content_type)
                     .body(Full::new(body))
                     .expect("response")
             }
@@ -997,5 +1010,113 @@ impl StaticJson {
 
     pub fn url(&self) -> String {
         format!("http://{}", self.addr)
+    }
+}
+
+/// A real Prometheus server (Debian's `prometheus` package; `.ci/run` installs it) on
+/// loopback, scraping the given targets every second into a temporary TSDB.
+pub struct PrometheusServer {
+    child: Child,
+    pub addr: SocketAddr,
+    log: PathBuf,
+}
+
+impl PrometheusServer {
+    /// `targets` are `(job, host:port)` pairs scraped at `/metrics`.
+    pub fn start(targets: &[(&str, SocketAddr)]) -> Self {
+        let dir = temp_dir("prometheus");
+        let mut config =
+            String::from("global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\nscrape_configs:\n");
+        for (job, addr) in targets {
+            config.push_str(&format!(
+                "  - job_name: {job}\n    static_configs:\n      - targets: ['{addr}']\n"
+            ));
+        }
+        std::fs::write(dir.join("prometheus.yml"), config).expect("write config");
+        // Prometheus cannot report a port it chose, so take a free one and hand it over.
+        let addr = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("free port");
+        let log = dir.join("prometheus.log");
+        let child = Command::new("prometheus")
+            .arg(format!(
+                "--config.file={}",
+                dir.join("prometheus.yml").display()
+            ))
+            .arg(format!(
+                "--storage.tsdb.path={}",
+                dir.join("data").display()
+            ))
+            .arg(format!("--web.listen-address={addr}"))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).expect("log file"))
+            .spawn()
+            .unwrap_or_else(|e| {
+                panic!("cannot start `prometheus` ({e}): install Debian's prometheus package")
+            });
+        let mut server = Self { child, addr, log };
+        let deadline = Instant::now() + WAIT;
+        while std::net::TcpStream::connect(addr).is_err() || plain_get(addr, "/-/ready").0 != 200 {
+            if let Ok(Some(status)) = server.child.try_wait() {
+                panic!("prometheus exited with {status}: {}", server.log_text());
+            }
+            assert!(
+                Instant::now() < deadline,
+                "prometheus not ready within {WAIT:?}: {}",
+                server.log_text()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        server
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Evaluates an instant query; returns the HTTP status and the answer's JSON.
+    pub fn query(&self, query: &str) -> (u16, serde_json::Value) {
+        let encoded: String = query
+            .bytes()
+            .map(|b| match b {
+                b'a'..=b'z' | b'A'..=b'Z' | b'0'..=b'9' | b'_' => (b as char).to_string(),
+                _ => format!("%{b:02X}"),
+            })
+            .collect();
+        let (status, body) = plain_get(self.addr, &format!("/api/v1/query?query={encoded}"));
+        (
+            status,
+            serde_json::from_str(&body).unwrap_or(serde_json::Value::Null),
+        )
+    }
+
+    /// Waits (bounded) until `query` returns at least one series, i.e. a scrape landed;
+    /// returns the series.
+    pub fn wait_for_series(&self, query: &str) -> Vec<serde_json::Value> {
+        let deadline = Instant::now() + WAIT;
+        loop {
+            let (status, v) = self.query(query);
+            if let Some(series) = v["data"]["result"].as_array().filter(|r| !r.is_empty()) {
+                return series.clone();
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no series for {query} within {WAIT:?}: {status} {v}\n{}",
+                self.log_text()
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for PrometheusServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 }

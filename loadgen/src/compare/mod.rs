@@ -119,6 +119,11 @@ pub struct CompareArgs {
     /// --protocol grpc, the REST port for rest).
     #[arg(long)]
     pub upstream: Option<String>,
+    /// Keep the embedded upstream's data folder (OUT/work/upstream-data) after the matrix;
+    /// by default it is removed, since the last cell's points alone take about 1 GB in the
+    /// quick profile and several GB per cell in the full one.
+    #[arg(long)]
+    pub keep_upstream_data: bool,
     #[arg(long)]
     pub proxy_bin: Option<PathBuf>,
     #[arg(long)]
@@ -175,6 +180,8 @@ pub fn pin_loadgen(args: &CompareArgs) -> Result<()> {
 struct Upstream {
     url: String,
     managed: Option<Managed>,
+    /// The embedded upstream's data folder, owned by this run.
+    data: Option<PathBuf>,
 }
 
 fn start_upstream(args: &CompareArgs, work: &Path) -> Result<Upstream> {
@@ -182,6 +189,7 @@ fn start_upstream(args: &CompareArgs, work: &Path) -> Result<Upstream> {
         return Ok(Upstream {
             url: url.clone(),
             managed: None,
+            data: None,
         });
     }
     let data = work.join("upstream-data");
@@ -209,7 +217,23 @@ fn start_upstream(args: &CompareArgs, work: &Path) -> Result<Upstream> {
     Ok(Upstream {
         url: format!("http://{addr}"),
         managed: Some(managed),
+        data: Some(data),
     })
+}
+
+/// Bytes of the regular files under `dir` (0 where it cannot be read), for the clean-up line.
+fn dir_bytes(dir: &Path) -> u64 {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    entries
+        .flatten()
+        .map(|e| match e.file_type() {
+            Ok(t) if t.is_dir() => dir_bytes(&e.path()),
+            Ok(t) if t.is_file() => e.metadata().map(|m| m.len()).unwrap_or(0),
+            _ => 0,
+        })
+        .sum()
 }
 
 /// Every cell of the matrix, in run order: rounds outermost, then algorithms, then providers
@@ -426,11 +450,19 @@ pub async fn execute(args: &CompareArgs, stop: CancellationToken) -> Result<Vec<
             }
         }
     }
-    if let Some(Upstream {
-        managed: Some(m), ..
-    }) = upstream
-    {
-        m.stop()?;
+    if let Some(Upstream { managed, data, .. }) = upstream {
+        if let Some(m) = managed {
+            m.stop()?;
+        }
+        if let Some(data) = data.filter(|_| !args.keep_upstream_data) {
+            let bytes = dir_bytes(&data);
+            std::fs::remove_dir_all(&data)
+                .with_context(|| format!("removing the upstream's data {}", data.display()))?;
+            eprintln!(
+                "removed the upstream's data ({:.0} MB; --keep-upstream-data keeps it)",
+                bytes as f64 / 1e6
+            );
+        }
     }
     let _ = std::fs::write(
         args.out.join("compare-args.json"),

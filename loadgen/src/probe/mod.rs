@@ -1,9 +1,10 @@
-//! What is measured beside the requests: CPU (system-wide and per process), power (RAPL or
-//! Redfish), and the proxy's own /metrics. Probes know nothing of workloads: they are
+//! What is measured beside the requests: CPU (system-wide and per process), power (RAPL, a
+//! BMC over Redfish, or a Prometheus query), and the proxy's own /metrics. Probes know nothing of workloads: they are
 //! started when the measured phase starts, sampled on a fixed interval, and read out when
 //! it ends.
 
 pub mod cpu;
+pub mod prometheus;
 pub mod proxy_metrics;
 pub mod rapl;
 pub mod redfish;
@@ -26,8 +27,45 @@ pub struct Watched {
 
 pub enum PowerSource {
     Rapl(PathBuf),
-    Redfish(Arc<redfish::Redfish>),
+    /// A meter read in watts on every sample tick.
+    Meter(Arc<WattMeter>),
     None(String),
+}
+
+/// A power reading taken over the network, in watts; energy is the mean of the samples times
+/// the measured time.
+pub enum WattMeter {
+    Redfish(redfish::Redfish),
+    Prometheus(prometheus::PrometheusPower),
+}
+
+impl WattMeter {
+    async fn watts(&self) -> anyhow::Result<(f64, String)> {
+        match self {
+            WattMeter::Redfish(r) => Ok((
+                r.watts().await?,
+                "PowerControl[0].PowerConsumedWatts, whole server".to_owned(),
+            )),
+            WattMeter::Prometheus(p) => {
+                let reading = p.reading().await?;
+                Ok((
+                    reading.watts,
+                    format!(
+                        "Prometheus query {:?}, {} series summed; as fresh as its scrape interval",
+                        p.query(),
+                        reading.series
+                    ),
+                ))
+            }
+        }
+    }
+
+    fn source(&self) -> &'static str {
+        match self {
+            WattMeter::Redfish(_) => "redfish",
+            WattMeter::Prometheus(_) => "prometheus",
+        }
+    }
 }
 
 pub struct ProbeConfig {
@@ -40,7 +78,9 @@ pub struct ProbeConfig {
 
 struct PowerState {
     rapl: Option<rapl::Rapl>,
-    redfish_watts: Vec<f64>,
+    metered_watts: Vec<f64>,
+    /// What the meter said it measured, from its last reading.
+    meter_detail: String,
     error: Option<String>,
 }
 
@@ -65,7 +105,8 @@ impl ProbeConfig {
         };
         let mut power = PowerState {
             rapl: None,
-            redfish_watts: Vec::new(),
+            metered_watts: Vec::new(),
+            meter_detail: String::new(),
             error: None,
         };
         if let PowerSource::Rapl(root) = &self.power {
@@ -110,27 +151,30 @@ impl Running {
         let interval = self.config.sample_interval;
         let power = self.power.clone();
         let stop = self.stop.clone();
-        let redfish = match &self.config.power {
-            PowerSource::Redfish(r) => Some(r.clone()),
+        let meter = match &self.config.power {
+            PowerSource::Meter(m) => Some(m.clone()),
             _ => None,
         };
         let has_rapl = power.lock().map(|p| p.rapl.is_some()).unwrap_or(false);
-        if redfish.is_none() && !has_rapl {
+        if meter.is_none() && !has_rapl {
             return;
         }
         self.sampler = Some(tokio::spawn(async move {
             let mut tick = tokio::time::interval(interval);
             loop {
-                // The first tick fires at once: a Redfish reading at the start of the run.
+                // The first tick fires at once: a meter reading at the start of the run.
                 let stopping = tokio::select! {
                     _ = tick.tick() => false,
                     _ = stop.cancelled() => true,
                 };
-                if let Some(r) = &redfish {
-                    let reading = r.watts().await;
+                if let Some(m) = &meter {
+                    let reading = m.watts().await;
                     if let Ok(mut p) = power.lock() {
                         match reading {
-                            Ok(w) => p.redfish_watts.push(w),
+                            Ok((w, detail)) => {
+                                p.metered_watts.push(w);
+                                p.meter_detail = detail;
+                            }
                             Err(e) => {
                                 p.error.get_or_insert_with(|| format!("{e:#}"));
                             }
@@ -220,15 +264,17 @@ impl Running {
                                 r.wraps()
                             ),
                         })
-                    } else if !p.redfish_watts.is_empty() {
+                    } else if let (PowerSource::Meter(m), false) =
+                        (&self.config.power, p.metered_watts.is_empty())
+                    {
                         let mean =
-                            p.redfish_watts.iter().sum::<f64>() / p.redfish_watts.len() as f64;
+                            p.metered_watts.iter().sum::<f64>() / p.metered_watts.len() as f64;
                         Measured::ok(PowerRecord {
-                            source: "redfish".to_owned(),
+                            source: m.source().to_owned(),
                             joules: mean * elapsed,
                             mean_watts: mean,
-                            samples: p.redfish_watts.len() as u64,
-                            detail: "PowerControl[0].PowerConsumedWatts, whole server".to_owned(),
+                            samples: p.metered_watts.len() as u64,
+                            detail: p.meter_detail.clone(),
                         })
                     } else {
                         Measured::missing("no power sample was taken")

@@ -1,0 +1,176 @@
+//! Power from a Prometheus server that already scrapes the machine's power sensors: an
+//! instant query (`GET /api/v1/query`) whose answer is watts, sampled through the run like
+//! Redfish. Examples of such queries: `ipmi_dcmi_power_consumption_watts` (ipmi_exporter),
+//! `scaph_host_power_microwatts / 1e6` (Scaphandre),
+//! `sum(rate(kepler_node_platform_joules_total[30s]))` (Kepler), a PDU outlet's SNMP series. A vector answer is summed (one series per
+//! power supply or outlet adds up to the server); an empty answer is an error, never zero.
+//! Readings are only as fresh as the server's scrape interval, which the record says.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{anyhow, bail, Context, Result};
+use http::Method;
+use rustls::ClientConfig;
+
+use crate::client::http::{send, Options};
+
+pub struct PrometheusPower {
+    query: String,
+    /// The full query URL, encoded once.
+    url: String,
+    opts: Options,
+}
+
+/// One evaluated query: the summed watts and how many series were summed.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Reading {
+    pub watts: f64,
+    pub series: usize,
+}
+
+impl PrometheusPower {
+    /// `base` is the server, e.g. `http://prometheus:9090`; `query` a PromQL expression in watts.
+    pub fn new(base: &str, query: &str, tls: Option<Arc<ClientConfig>>) -> Self {
+        let encoded: String = form_urlencoded::Serializer::new(String::new())
+            .append_pair("query", query)
+            .finish();
+        Self {
+            query: query.to_owned(),
+            url: format!("{}/api/v1/query?{encoded}", base.trim_end_matches('/')),
+            opts: Options {
+                tls,
+                headers: vec![("accept".to_owned(), "application/json".to_owned())],
+                timeout: Some(Duration::from_secs(5)),
+            },
+        }
+    }
+
+    pub fn query(&self) -> &str {
+        &self.query
+    }
+
+    pub async fn reading(&self) -> Result<Reading> {
+        let resp = send(Method::GET, &self.url, None, &self.opts).await?;
+        // Prometheus answers 400/422 with the same JSON envelope and the error in it.
+        parse_answer(&resp.body).with_context(|| {
+            format!(
+                "Prometheus query {:?} (HTTP {}) at {}",
+                self.query, resp.status, self.url
+            )
+        })
+    }
+}
+
+/// The value of an instant-query answer: a scalar, or the sum of a vector's samples.
+pub fn parse_answer(body: &[u8]) -> Result<Reading> {
+    let v: serde_json::Value = serde_json::from_slice(body).context("the answer is not JSON")?;
+    if v["status"] != "success" {
+        bail!(
+            "{}: {}",
+            v["errorType"].as_str().unwrap_or("error"),
+            v["error"].as_str().unwrap_or("no error message")
+        );
+    }
+    let data = &v["data"];
+    let sample = |pair: &serde_json::Value| -> Result<f64> {
+        let text = pair
+            .get(1)
+            .and_then(|s| s.as_str())
+            .ok_or_else(|| anyhow!("a sample is not [time, \"value\"]"))?;
+        let watts: f64 = text
+            .parse()
+            .map_err(|_| anyhow!("sample value {text:?} is not a number"))?;
+        if !watts.is_finite() || watts < 0.0 {
+            bail!("sample value {text} is not a power in watts");
+        }
+        Ok(watts)
+    };
+    match data["resultType"].as_str() {
+        Some("scalar") => Ok(Reading {
+            watts: sample(&data["result"])?,
+            series: 1,
+        }),
+        Some("vector") => {
+            let series = data["result"]
+                .as_array()
+                .ok_or_else(|| anyhow!("vector answer without a result list"))?;
+            if series.is_empty() {
+                bail!("the query matched no series (is the exporter scraped, is the name right?)");
+            }
+            let mut watts = 0.0;
+            for s in series {
+                watts += sample(&s["value"])?;
+            }
+            Ok(Reading {
+                watts,
+                series: series.len(),
+            })
+        }
+        other => bail!(
+            "result type {} is not an instant value (use an instant query in watts)",
+            other.unwrap_or("missing")
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_vector_is_summed_over_its_series() {
+        let body = br#"{"status":"success","data":{"resultType":"vector","result":[
+            {"metric":{"__name__":"ipmi_dcmi_power_consumption_watts","instance":"psu1"},"value":[1764490000.123,"301.5"]},
+            {"metric":{"__name__":"ipmi_dcmi_power_consumption_watts","instance":"psu2"},"value":[1764490000.123,"298"]}]}}"#;
+        assert_eq!(
+            parse_answer(body).unwrap(),
+            Reading {
+                watts: 599.5,
+                series: 2
+            }
+        );
+    }
+
+    #[test]
+    fn a_scalar_is_taken_as_is() {
+        let body = br#"{"status":"success","data":{"resultType":"scalar","result":[1764490000,"412.25"]}}"#;
+        assert_eq!(parse_answer(body).unwrap().watts, 412.25);
+    }
+
+    #[test]
+    fn no_series_errors_and_bad_values_are_refused_never_zero() {
+        let empty = br#"{"status":"success","data":{"resultType":"vector","result":[]}}"#;
+        assert!(parse_answer(empty)
+            .unwrap_err()
+            .to_string()
+            .contains("no series"));
+        let error = br#"{"status":"error","errorType":"bad_data","error":"parse error at char 5"}"#;
+        let e = parse_answer(error).unwrap_err().to_string();
+        assert!(e.contains("bad_data") && e.contains("parse error"), "{e}");
+        for value in ["\"NaN\"", "\"-3\"", "\"+Inf\"", "\"abc\"", "3"] {
+            let body = format!(
+                r#"{{"status":"success","data":{{"resultType":"vector","result":[{{"metric":{{}},"value":[1,{value}]}}]}}}}"#
+            );
+            assert!(parse_answer(body.as_bytes()).is_err(), "{value} accepted");
+        }
+        let matrix = br#"{"status":"success","data":{"resultType":"matrix","result":[]}}"#;
+        assert!(parse_answer(matrix)
+            .unwrap_err()
+            .to_string()
+            .contains("matrix"));
+    }
+
+    #[test]
+    fn the_query_is_url_encoded_once() {
+        let p = PrometheusPower::new(
+            "http://prom:9090/",
+            "sum(scaph_host_power_microwatts{job=\"a b\"}) / 1e6",
+            None,
+        );
+        assert_eq!(
+            p.url,
+            "http://prom:9090/api/v1/query?query=sum%28scaph_host_power_microwatts%7Bjob%3D%22a+b%22%7D%29+%2F+1e6"
+        );
+    }
+}

@@ -1024,9 +1024,22 @@ pub struct PrometheusServer {
 impl PrometheusServer {
     /// `targets` are `(job, host:port)` pairs scraped at `/metrics`.
     pub fn start(targets: &[(&str, SocketAddr)]) -> Self {
+        Self::start_with_rules(targets, &[])
+    }
+
+    /// As [`Self::start`], also evaluating these rule files every second.
+    pub fn start_with_rules(targets: &[(&str, SocketAddr)], rule_files: &[PathBuf]) -> Self {
         let dir = temp_dir("prometheus");
-        let mut config =
-            String::from("global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\nscrape_configs:\n");
+        let mut config = String::from(
+            "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\n  evaluation_interval: 1s\n",
+        );
+        if !rule_files.is_empty() {
+            config.push_str("rule_files:\n");
+        }
+        for f in rule_files {
+            config.push_str(&format!("  - '{}'\n", f.display()));
+        }
+        config.push_str("scrape_configs:\n");
         for (job, addr) in targets {
             config.push_str(&format!(
                 "  - job_name: {job}\n    static_configs:\n      - targets: ['{addr}']\n"

@@ -51,10 +51,25 @@ pub fn wait_bounded(child: &mut Child, limit: Duration, what: &str) -> ExitStatu
 }
 
 /// A fresh, unique temporary directory.
+///
+/// Folders live under `$TMPDIR/proxy-e2e/<pid>/`; the first call in a test process removes
+/// the folders of test processes that are no longer running, so repeated runs (CI on a warm
+/// machine) do not pile up upstream data and logs. A failed run's files stay until then.
 pub fn temp_dir(tag: &str) -> PathBuf {
     static SEQ: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    static ROOT: OnceLock<PathBuf> = OnceLock::new();
+    let root = ROOT.get_or_init(|| {
+        let base = std::env::temp_dir().join("proxy-e2e");
+        for entry in std::fs::read_dir(&base).into_iter().flatten().flatten() {
+            let pid = entry.file_name().to_string_lossy().parse::<u32>().ok();
+            if pid.is_some_and(|p| !Path::new(&format!("/proc/{p}")).exists()) {
+                let _ = std::fs::remove_dir_all(entry.path());
+            }
+        }
+        base.join(std::process::id().to_string())
+    });
     let n = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let dir = std::env::temp_dir().join(format!("proxy-e2e-{tag}-{}-{n}", std::process::id()));
+    let dir = root.join(format!("{tag}-{n}"));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).expect("create temp dir");
     dir

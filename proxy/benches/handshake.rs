@@ -1,0 +1,119 @@
+//! What one full TLS 1.3 handshake costs the proxy, per provider x certificate algorithm:
+//! the server configuration is built exactly as a listener's is (`tls::listener_tls`,
+//! resumption off, X25519), the client is a fixed aws-lc-rs client, and the two exchange
+//! bytes in memory. Only the time spent inside the server's calls is counted, so the figure
+//! is the proxy's CPU per handshake without sockets, the client or the scheduler in it:
+//! the in-process counterpart of loadgen's "proxy CPU per handshake".
+//!
+//! ```text
+//! cargo bench -p proxy --bench handshake            # all 12 cells, about a minute
+//! cargo bench -p proxy --bench handshake -- rsa4096 # a filter
+//! ```
+//! (openssl-qat needs a QAT device and is measured through loadgen compare.)
+
+use std::hint::black_box;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use criterion::{criterion_group, criterion_main, Criterion};
+use proxy::config::TlsPolicy;
+use proxy::crypto::{generate_cert_set, CertAlgorithmName, KxGroupName, Provider, ProviderName};
+use rustls::client::Resumption;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, ServerName};
+use rustls::{ClientConfig, ClientConnection, RootCertStore, ServerConfig, ServerConnection};
+
+const PROVIDERS: [ProviderName; 3] = [
+    ProviderName::Ring,
+    ProviderName::AwsLcRs,
+    ProviderName::Openssl,
+];
+
+fn client_config(ca: &Path) -> Arc<ClientConfig> {
+    let provider = Provider::new(ProviderName::AwsLcRs, &[KxGroupName::X25519]).expect("provider");
+    let mut roots = RootCertStore::empty();
+    for cert in CertificateDer::pem_file_iter(ca).expect("CA file") {
+        roots.add(cert.expect("CA cert")).expect("add CA");
+    }
+    let mut config = ClientConfig::builder_with_provider(provider.crypto().clone())
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .expect("TLS 1.3")
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    config.resumption = Resumption::disabled();
+    Arc::new(config)
+}
+
+/// One full handshake over in-memory buffers; returns the time spent in the server's calls.
+fn server_side_handshake(
+    server_config: &Arc<ServerConfig>,
+    client_config: &Arc<ClientConfig>,
+    (to_server, to_client): &mut (Vec<u8>, Vec<u8>),
+) -> Duration {
+    let name = ServerName::try_from("localhost").expect("name");
+    let mut client = ClientConnection::new(client_config.clone(), name).expect("client");
+    let started = Instant::now();
+    let mut server = ServerConnection::new(server_config.clone()).expect("server");
+    let mut in_server = started.elapsed();
+    while client.is_handshaking() || server.is_handshaking() {
+        to_server.clear();
+        while client.wants_write() {
+            client.write_tls(to_server).expect("client write");
+        }
+        let started = Instant::now();
+        let mut rd = &to_server[..];
+        while !rd.is_empty() {
+            server.read_tls(&mut rd).expect("server read");
+            server.process_new_packets().expect("server handshake");
+        }
+        to_client.clear();
+        while server.wants_write() {
+            server.write_tls(to_client).expect("server write");
+        }
+        in_server += started.elapsed();
+        let mut rd = &to_client[..];
+        while !rd.is_empty() {
+            client.read_tls(&mut rd).expect("client read");
+            client.process_new_packets().expect("client handshake");
+        }
+    }
+    black_box(&server);
+    in_server
+}
+
+fn handshakes(c: &mut Criterion) {
+    let dir = std::env::temp_dir().join(format!("proxy-bench-certs-{}", std::process::id()));
+    let set = generate_cert_set(&dir, &CertAlgorithmName::ALL, &[]).expect("certificates");
+    let client = client_config(&set.ca_cert);
+    let policy = TlsPolicy {
+        resumption: false,
+        ..TlsPolicy::default()
+    };
+    let mut group = c.benchmark_group("server_full_handshake");
+    // Two shared cores: fewer, longer samples are steadier than criterion's defaults.
+    group
+        .sample_size(20)
+        .warm_up_time(Duration::from_millis(500))
+        .measurement_time(Duration::from_secs(3));
+    let mut wire = (Vec::with_capacity(4096), Vec::with_capacity(16 * 1024));
+    for (alg, cert, key) in &set.servers {
+        for provider in PROVIDERS {
+            let (_, _, server) = proxy::tls::listener_tls(provider, cert, key, &policy, &[])
+                .unwrap_or_else(|e| panic!("{provider:?} {alg:?}: {e}"));
+            let alg = alg.as_str();
+            group.bench_function(format!("{}/{alg}", provider.as_str()), |b| {
+                b.iter_custom(|iters| {
+                    (0..iters)
+                        .map(|_| server_side_handshake(&server, &client, &mut wire))
+                        .sum()
+                })
+            });
+        }
+    }
+    group.finish();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+criterion_group!(benches, handshakes);
+criterion_main!(benches);

@@ -1,6 +1,7 @@
 //! Run-time TLS switching through `POST /admin/tls`: authorised by the bearer token, atomic
 //! (new connections get the new provider and certificate, an established connection keeps
-//! working), and a bad request changes nothing.
+//! working), and a bad request changes nothing. SIGHUP reloads rotated certificate files the
+//! same way, and a reload of bad files keeps the certificate in use.
 
 use std::net::SocketAddr;
 
@@ -27,6 +28,32 @@ fn first_cert(path: &std::path::Path) -> CertificateDer<'static> {
         .next()
         .expect("one cert")
         .expect("pem")
+}
+
+/// An HTTP/1.1 keep-alive client on an established TLS connection.
+async fn keep_alive(
+    tls: tokio_rustls::client::TlsStream<tokio::net::TcpStream>,
+) -> hyper::client::conn::http1::SendRequest<Full<Bytes>> {
+    let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tls))
+        .await
+        .expect("HTTP/1.1 handshake");
+    tokio::spawn(conn);
+    sender
+}
+
+/// A GET on the kept-alive connection, which must answer 200.
+async fn get_ok(sender: &mut hyper::client::conn::http1::SendRequest<Full<Bytes>>, what: &str) {
+    let req = http::Request::builder()
+        .uri("/")
+        .header("host", "localhost")
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    let resp = sender
+        .send_request(req)
+        .await
+        .unwrap_or_else(|e| panic!("{what}: {e}"));
+    assert_eq!(resp.status(), 200, "{what}");
+    let _ = resp.into_body().collect().await;
 }
 
 fn switch_body(provider: &str, alg: CertAlgorithmName, key_alg: CertAlgorithmName) -> String {
@@ -58,20 +85,8 @@ async fn switch_is_atomic_authorised_and_keeps_established_connections() {
         .expect("connect");
     let peer = tls.get_ref().1.peer_certificates().unwrap()[0].clone();
     assert_eq!(peer, first_cert(&server_cert(CertAlgorithmName::Rsa2048).0));
-    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tls))
-        .await
-        .expect("h1");
-    tokio::spawn(conn);
-    let get = || {
-        http::Request::builder()
-            .uri("/before")
-            .header("host", "localhost")
-            .body(Full::new(Bytes::new()))
-            .unwrap()
-    };
-    let resp = sender.send_request(get()).await.expect("first request");
-    assert_eq!(resp.status(), 200);
-    let _ = resp.into_body().collect().await;
+    let mut sender = keep_alive(tls).await;
+    get_ok(&mut sender, "first request").await;
 
     // Refusals change nothing.
     let admin = proxy.admin;
@@ -163,11 +178,7 @@ async fn switch_is_atomic_authorised_and_keeps_established_connections() {
     );
     drop(tls);
     // ...while the established one keeps serving.
-    let resp = sender
-        .send_request(get())
-        .await
-        .expect("old connection still works");
-    assert_eq!(resp.status(), 200);
+    get_ok(&mut sender, "old connection still works").await;
 
     let text = proxy.metrics();
     assert_eq!(
@@ -231,4 +242,107 @@ fn a_short_token_is_refused_at_start_up() {
     let (status, log) = run_proxy_to_exit(&args);
     assert!(!status.success());
     assert!(log.contains("at least 16 characters"), "{log}");
+}
+
+/// The certificate's notAfter in seconds since the epoch, as OpenSSL's own tool reads it.
+fn not_after(cert: &std::path::Path) -> f64 {
+    let out = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "date -u -d \"$(openssl x509 -noout -enddate -in '{}' | cut -d= -f2)\" +%s",
+            cert.display()
+        ))
+        .output()
+        .expect("openssl and date");
+    String::from_utf8_lossy(&out.stdout)
+        .trim()
+        .parse()
+        .unwrap_or_else(|_| panic!("notAfter of {}: {out:?}", cert.display()))
+}
+
+/// Replaces `dest` the way certificate managers do: write beside it, then rename over it.
+fn install_file(src: &std::path::Path, dest: &std::path::Path) {
+    let tmp = dest.with_extension("new");
+    std::fs::copy(src, &tmp).unwrap();
+    std::fs::rename(&tmp, dest).unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sighup_reloads_a_rotated_certificate_and_keeps_the_old_one_when_the_new_files_are_bad() {
+    let upstream = EchoUpstream::start();
+    let dir = temp_dir("sighup");
+    let (cert, key) = (dir.join("server.crt"), dir.join("server.key"));
+    let (rsa_cert, rsa_key) = server_cert(CertAlgorithmName::Rsa2048);
+    let (ec_cert, ec_key) = server_cert(CertAlgorithmName::EcdsaP256);
+    install_file(&rsa_cert, &cert);
+    install_file(&rsa_key, &key);
+    let proxy = ProxyProcess::start_raw(&args(&[
+        "--listen",
+        "127.0.0.1:0",
+        "--upstream",
+        &upstream.url(),
+        "--provider",
+        "aws-lc-rs",
+        "--cert",
+        cert.to_str().unwrap(),
+        "--key",
+        key.to_str().unwrap(),
+    ]));
+    let expiry = |text: &str| {
+        metric_value(text, "proxy_tls_certificate_expiry_timestamp_seconds", &[])
+            .unwrap_or_else(|| panic!("no expiry metric: {text}"))
+    };
+    assert_eq!(expiry(&proxy.metrics()), not_after(&rsa_cert));
+    let config = client_config(&ClientOpts {
+        alpn: vec![b"http/1.1".to_vec()],
+        ..Default::default()
+    });
+    let peer = |tls: &tokio_rustls::client::TlsStream<tokio::net::TcpStream>| {
+        tls.get_ref().1.peer_certificates().unwrap()[0].clone()
+    };
+
+    // An established keep-alive connection on the RSA certificate.
+    let tls = tls_connect(proxy.addr, config.clone()).await.unwrap();
+    assert_eq!(peer(&tls), first_cert(&rsa_cert));
+    let mut sender = keep_alive(tls).await;
+
+    // Rotation: new files in place, then SIGHUP.
+    install_file(&ec_cert, &cert);
+    install_file(&ec_key, &key);
+    proxy.hangup();
+    proxy.wait_metric("proxy_tls_reloads_total", &[("outcome", "ok")], 1.0);
+    let tls = tls_connect(proxy.addr, config.clone()).await.unwrap();
+    assert_eq!(
+        peer(&tls),
+        first_cert(&ec_cert),
+        "new connections get the new certificate"
+    );
+    drop(tls);
+    get_ok(&mut sender, "old connection still serves").await;
+    let text = proxy.metrics();
+    assert_eq!(expiry(&text), not_after(&ec_cert));
+    assert_eq!(
+        metric_value(&text, "proxy_listener_info", &[("algorithm", "ecdsa-p256")]),
+        Some(1.0),
+        "{text}"
+    );
+    assert_eq!(
+        metric_value(&text, "proxy_listener_info", &[("algorithm", "rsa2048")]),
+        None,
+        "{text}"
+    );
+
+    // A botched rotation (a key that is not the certificate's): the reload fails, is
+    // counted and logged, and the proxy keeps serving the certificate it had.
+    install_file(&rsa_key, &key);
+    proxy.hangup();
+    proxy.wait_metric("proxy_tls_reloads_total", &[("outcome", "error")], 1.0);
+    let tls = tls_connect(proxy.addr, config.clone()).await.unwrap();
+    assert_eq!(peer(&tls), first_cert(&ec_cert));
+    let log = std::fs::read_to_string(&proxy.log).unwrap();
+    assert!(
+        log.contains("certificate reload failed") && log.contains("server.key"),
+        "{log}"
+    );
+    get_ok(&mut sender, "old connection still serves").await;
 }

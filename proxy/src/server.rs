@@ -52,7 +52,7 @@ enum Mode {
 pub struct Proxy {
     listeners: Vec<(TcpListener, Arc<ListenerCtx>)>,
     admin: TcpListener,
-    switch: Option<Arc<TlsSwitch>>,
+    switch: Arc<TlsSwitch>,
     admin_token: Option<String>,
     metrics: Metrics,
     limits: Limits,
@@ -150,6 +150,10 @@ impl Proxy {
                 handshake = offload.label(),
                 "listener ready"
             );
+            metrics.set_certificate_expiry(&name, cert.not_after);
+            if let Some(warning) = cert.expiry_warning() {
+                tracing::warn!(listener = %name, certificate = %lc.cert.display(), "{warning}");
+            }
             let switchable = Arc::new(SwitchableListener::new(
                 name.clone(),
                 ListenerTls {
@@ -157,6 +161,8 @@ impl Proxy {
                     metrics: lm.clone(),
                     provider: provider_name,
                     algorithm: cert.algorithm.label(),
+                    cert: lc.cert.clone(),
+                    key: lc.key.clone(),
                 },
                 lc.tls.clone(),
                 default_alpn,
@@ -202,19 +208,16 @@ impl Proxy {
             Some(path) => Some(read_token(path)?),
             None => None,
         };
-        let switch = token.map(|token| {
-            let switchable = listeners.iter().map(|(_, ctx)| ctx.tls.clone()).collect();
-            let qat = qat_state.filter(|_| qat_offload_active);
-            (
-                token,
-                Arc::new(TlsSwitch::new(switchable, metrics.clone(), qat)),
-            )
-        });
+        let switch = Arc::new(TlsSwitch::new(
+            listeners.iter().map(|(_, ctx)| ctx.tls.clone()).collect(),
+            metrics.clone(),
+            qat_state.filter(|_| qat_offload_active),
+        ));
         Ok(Self {
             listeners,
             admin,
-            switch: switch.as_ref().map(|(_, s)| s.clone()),
-            admin_token: switch.map(|(t, _)| t),
+            switch,
+            admin_token: token,
             metrics,
             limits: config.limits.clone(),
             pool,
@@ -241,10 +244,14 @@ impl Proxy {
             AdminState {
                 metrics: self.metrics.clone(),
                 ready: ready.clone(),
-                switch: self.switch.clone().zip(self.admin_token.clone()),
+                switch: self
+                    .admin_token
+                    .clone()
+                    .map(|token| (self.switch.clone(), token)),
             },
             admin_stop.clone(),
         ));
+        tokio::spawn(reload_on_sighup(self.switch.clone(), admin_stop.clone()));
         let limit = Arc::new(Semaphore::new(self.limits.max_connections));
         let tracker = TaskTracker::new();
         let mut accept_loops = Vec::with_capacity(self.listeners.len());
@@ -286,6 +293,39 @@ impl Proxy {
         admin_stop.cancel();
         if let Some(pool) = self.pool {
             pool.shutdown();
+        }
+    }
+}
+
+/// Certificate rotation: every SIGHUP reads each listener's certificate and key files again
+/// (see [`TlsSwitch::reload`]) on a blocking thread, since key loading and the signing proof
+/// are CPU work and file I/O. Failures are logged and counted; the old configuration stays.
+async fn reload_on_sighup(switch: Arc<TlsSwitch>, stop: CancellationToken) {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut hangups = match signal(SignalKind::hangup()) {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot watch SIGHUP: certificate reload is off");
+            return;
+        }
+    };
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            got = hangups.recv() => if got.is_none() { return },
+        }
+        let switch = switch.clone();
+        let outcomes = match tokio::task::spawn_blocking(move || switch.reload()).await {
+            Ok(o) => o,
+            Err(e) => {
+                tracing::error!(error = %e, "certificate reload panicked");
+                continue;
+            }
+        };
+        for (listener, outcome) in outcomes {
+            if let Err(e) = outcome {
+                tracing::error!(%listener, error = %e, "certificate reload failed: the previous certificate stays in use");
+            }
         }
     }
 }

@@ -8,7 +8,9 @@
 //! certificate, the QAT signing proof for openssl-qat), so a bad request changes nothing.
 //!
 //! `loadgen compare --proxy-admin URL` drives this through `POST /admin/tls`, authorised by
-//! the bearer token in `admin.token_file`.
+//! the bearer token in `admin.token_file`. SIGHUP reloads every listener's certificate and
+//! key from the files it serves from (certificate rotation), each listener on its own: a
+//! listener whose new files do not load keeps what it had.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -33,6 +35,10 @@ pub struct ListenerTls {
     pub provider: ProviderName,
     /// The certificate's algorithm label.
     pub algorithm: &'static str,
+    /// Where the certificate chain was read from (what a reload reads again).
+    pub cert: PathBuf,
+    /// Where the private key was read from.
+    pub key: PathBuf,
 }
 
 /// One listener's switchable TLS state and what a rebuild needs.
@@ -135,6 +141,37 @@ impl TlsSwitch {
     /// Builds every new configuration first, then installs them; on any error nothing is
     /// installed. Blocking (key loading, the signing proof): call from a blocking thread.
     pub fn apply(&self, req: &SwitchRequest) -> Result<Vec<SwitchOutcome>, SwitchError> {
+        self.install(req, "TLS configuration switched")
+    }
+
+    /// Reads every listener's certificate and key again from the same files, with the same
+    /// provider; each listener on its own, so one bad file pair stops only its listener's
+    /// reload. Returns `(listener, outcome)` for each. Blocking, like [`Self::apply`].
+    pub fn reload(&self) -> Vec<(String, Result<SwitchOutcome, SwitchError>)> {
+        self.listeners
+            .iter()
+            .map(|l| {
+                let current = l.current();
+                let req = SwitchRequest {
+                    listener: Some(l.name.clone()),
+                    provider: current.provider,
+                    cert: current.cert.clone(),
+                    key: current.key.clone(),
+                };
+                let outcome = self
+                    .install(&req, "TLS certificate reloaded")
+                    .map(|mut o| o.remove(0));
+                self.metrics.tls_reloaded(&l.name, outcome.is_ok());
+                (l.name.clone(), outcome)
+            })
+            .collect()
+    }
+
+    fn install(
+        &self,
+        req: &SwitchRequest,
+        what: &'static str,
+    ) -> Result<Vec<SwitchOutcome>, SwitchError> {
         let targets: Vec<&Arc<SwitchableListener>> = match &req.listener {
             Some(name) => vec![self
                 .listeners
@@ -162,10 +199,13 @@ impl TlsSwitch {
                     .prove_signing(&req.key)
                     .map_err(|e| invalid(l, &format!("openssl-qat: {e}")))?;
             }
-            built.push((l, provider, cert.algorithm.label(), config));
+            if let Some(warning) = cert.expiry_warning() {
+                tracing::warn!(listener = %l.name, certificate = %req.cert.display(), "{warning}");
+            }
+            built.push((l, provider, cert.algorithm.label(), cert.not_after, config));
         }
         let mut outcomes = Vec::with_capacity(built.len());
-        for (l, provider, algorithm, config) in built {
+        for (l, provider, algorithm, not_after, config) in built {
             let old = l.current();
             let metrics = self.metrics.listener(
                 &l.name,
@@ -179,7 +219,10 @@ impl TlsSwitch {
                 metrics,
                 provider: provider.name(),
                 algorithm,
+                cert: req.cert.clone(),
+                key: req.key.clone(),
             }));
+            self.metrics.set_certificate_expiry(&l.name, not_after);
             if (old.provider, old.algorithm) != (provider.name(), algorithm) {
                 self.metrics.retire_listener_info(
                     &l.name,
@@ -196,7 +239,7 @@ impl TlsSwitch {
                 provider = provider.name().as_str(),
                 algorithm,
                 certificate = %req.cert.display(),
-                "TLS configuration switched"
+                "{what}"
             );
             outcomes.push(SwitchOutcome {
                 listener: l.name.clone(),

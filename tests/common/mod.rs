@@ -218,11 +218,17 @@ impl ProxyProcess {
 
     /// Sends SIGTERM.
     pub fn terminate(&self) {
-        nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(self.child.id() as i32),
-            nix::sys::signal::Signal::SIGTERM,
-        )
-        .expect("send SIGTERM");
+        self.signal(nix::sys::signal::Signal::SIGTERM);
+    }
+
+    /// Sends SIGHUP (reload the certificates).
+    pub fn hangup(&self) {
+        self.signal(nix::sys::signal::Signal::SIGHUP);
+    }
+
+    fn signal(&self, signal: nix::sys::signal::Signal) {
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.child.id() as i32), signal)
+            .unwrap_or_else(|e| panic!("send {signal}: {e}"));
     }
 
     /// Waits (bounded) for the process to exit.

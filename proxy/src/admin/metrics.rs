@@ -37,6 +37,8 @@ pub struct Metrics {
     received_bytes: IntCounterVec,
     sent_bytes: IntCounterVec,
     listener_info: IntGaugeVec,
+    certificate_expiry: IntGaugeVec,
+    tls_reloads: IntCounterVec,
     process: ProcessMetrics,
     qat: std::sync::Arc<std::sync::OnceLock<super::QatMetrics>>,
 }
@@ -133,6 +135,22 @@ impl Metrics {
             &["listener", "provider", "algorithm", "mode", "handshake_offload"],
         )
         .expect("static metric definition");
+        let certificate_expiry = IntGaugeVec::new(
+            Opts::new(
+                "proxy_tls_certificate_expiry_timestamp_seconds",
+                "notAfter of each listener's certificate in effect, in seconds since the Unix epoch.",
+            ),
+            &["listener"],
+        )
+        .expect("static metric definition");
+        let tls_reloads = IntCounterVec::new(
+            Opts::new(
+                "proxy_tls_reloads_total",
+                "Certificate and key reloads on SIGHUP, by listener and outcome (ok, error: the previous configuration stays).",
+            ),
+            &["listener", "outcome"],
+        )
+        .expect("static metric definition");
 
         for c in [
             Box::new(handshakes.clone()) as Box<dyn prometheus::core::Collector>,
@@ -146,6 +164,8 @@ impl Metrics {
             Box::new(received_bytes.clone()),
             Box::new(sent_bytes.clone()),
             Box::new(listener_info.clone()),
+            Box::new(certificate_expiry.clone()),
+            Box::new(tls_reloads.clone()),
         ] {
             registry.register(c).expect("metric names are unique");
         }
@@ -163,6 +183,8 @@ impl Metrics {
             received_bytes,
             sent_bytes,
             listener_info,
+            certificate_expiry,
+            tls_reloads,
             process,
             qat: Default::default(),
         }
@@ -183,6 +205,9 @@ impl Metrics {
         // Make the error series exist at zero, so rate() works from the first scrape.
         for kind in ["connect", "connect_timeout", "timeout", "protocol"] {
             self.upstream_errors.with_label_values(&[listener, kind]);
+        }
+        for outcome in ["ok", "error"] {
+            self.tls_reloads.with_label_values(&[listener, outcome]);
         }
         ListenerMetrics {
             listener: listener.to_owned(),
@@ -209,6 +234,20 @@ impl Metrics {
         let _ = self
             .listener_info
             .remove_label_values(&[listener, provider, algorithm, mode, offload]);
+    }
+
+    /// Records the notAfter of the certificate a listener now serves.
+    pub fn set_certificate_expiry(&self, listener: &str, not_after: i64) {
+        self.certificate_expiry
+            .with_label_values(&[listener])
+            .set(not_after);
+    }
+
+    /// Counts a SIGHUP reload of a listener's certificate and key.
+    pub fn tls_reloaded(&self, listener: &str, ok: bool) {
+        self.tls_reloads
+            .with_label_values(&[listener, if ok { "ok" } else { "error" }])
+            .inc();
     }
 
     /// Adds the QAT metrics (once; `state` is `None` when offload fell back to software).

@@ -82,6 +82,34 @@ pub struct LoadedCert {
     pub algorithm: CertAlgorithm,
     /// The subject of the end-entity certificate, for logs.
     pub subject: String,
+    /// The end-entity certificate's notAfter, in seconds since the Unix epoch.
+    pub not_after: i64,
+}
+
+impl LoadedCert {
+    /// A warning when the certificate has expired or expires within 14 days, for the log at
+    /// start-up and on every reload or switch (the proxy still serves it, as clients decide).
+    pub fn expiry_warning(&self) -> Option<String> {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs() as i64);
+        let left = self.not_after - now;
+        if left <= 0 {
+            Some(format!(
+                "certificate {} expired {} days ago",
+                self.subject,
+                -left / 86_400
+            ))
+        } else if left < 14 * 86_400 {
+            Some(format!(
+                "certificate {} expires in {} days",
+                self.subject,
+                left / 86_400
+            ))
+        } else {
+            None
+        }
+    }
 }
 
 /// Loads `cert_path` (PEM chain, end-entity first) and `key_path` (PKCS#8, PKCS#1 or SEC1
@@ -98,11 +126,12 @@ pub fn load_certified_key(
 ) -> Result<LoadedCert, CryptoError> {
     let chain = load_cert_chain(cert_path, "certificate")?;
     let key = load_private_key(key_path)?;
-    let (algorithm, subject) = describe(&chain[0]).map_err(|reason| CryptoError::BadPem {
-        what: "certificate",
-        path: cert_path.to_owned(),
-        reason,
-    })?;
+    let (algorithm, subject, not_after) =
+        describe(&chain[0]).map_err(|reason| CryptoError::BadPem {
+            what: "certificate",
+            path: cert_path.to_owned(),
+            reason,
+        })?;
     let signing_key = provider
         .crypto()
         .key_provider
@@ -129,6 +158,7 @@ pub fn load_certified_key(
         certified: Arc::new(certified),
         algorithm,
         subject,
+        not_after,
     })
 }
 
@@ -229,7 +259,7 @@ pub fn load_client_ca(path: &Path) -> Result<RootCertStore, CryptoError> {
     Ok(roots)
 }
 
-fn describe(cert: &CertificateDer<'_>) -> Result<(CertAlgorithm, String), String> {
+fn describe(cert: &CertificateDer<'_>) -> Result<(CertAlgorithm, String, i64), String> {
     use x509_parser::oid_registry::{OID_EC_P256, OID_NIST_EC_P384, OID_NIST_EC_P521};
     let (_, parsed) =
         X509Certificate::from_der(cert.as_ref()).map_err(|e| format!("not X.509 DER: {e}"))?;
@@ -254,5 +284,48 @@ fn describe(cert: &CertificateDer<'_>) -> Result<(CertAlgorithm, String), String
         }
         _ => CertAlgorithm::Other,
     };
-    Ok((algorithm, parsed.subject().to_string()))
+    Ok((
+        algorithm,
+        parsed.subject().to_string(),
+        parsed.validity().not_after.timestamp(),
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::crypto::{generate_cert_set, CertAlgorithmName, KxGroupName, ProviderName};
+
+    #[test]
+    fn expiry_is_read_from_the_certificate_and_warned_about_near_the_end() {
+        let dir = std::env::temp_dir().join(format!("keys-expiry-{}", std::process::id()));
+        let set = generate_cert_set(&dir, &[CertAlgorithmName::EcdsaP256], &[]).unwrap();
+        let (_, cert, key) = &set.servers[0];
+        let provider = Provider::new(ProviderName::AwsLcRs, &[KxGroupName::X25519]).unwrap();
+        let loaded = load_certified_key(&provider, cert, key).unwrap();
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs() as i64;
+        // rcgen's certificates here are valid for years: far from the warning window.
+        assert!(
+            loaded.not_after > now + 300 * 86_400,
+            "{}",
+            loaded.not_after
+        );
+        assert_eq!(loaded.expiry_warning(), None);
+        let soon = LoadedCert {
+            not_after: now + 3 * 86_400 + 3600,
+            ..loaded.clone()
+        };
+        let w = soon.expiry_warning().unwrap();
+        assert!(w.ends_with("expires in 3 days"), "{w}");
+        let gone = LoadedCert {
+            not_after: now - 2 * 86_400 - 3600,
+            ..loaded
+        };
+        let w = gone.expiry_warning().unwrap();
+        assert!(w.ends_with("expired 2 days ago"), "{w}");
+        std::fs::remove_dir_all(dir).ok();
+    }
 }

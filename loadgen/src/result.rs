@@ -141,7 +141,7 @@ pub struct CpuRecord {
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct PowerRecord {
-    /// "rapl" or "redfish".
+    /// "rapl", "redfish" or "prometheus".
     pub source: String,
     pub joules: f64,
     pub mean_watts: f64,

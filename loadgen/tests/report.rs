@@ -30,7 +30,7 @@ fn write_cell(
     v["latency_ms"]["p50"] = json!(p50);
     v["power"] = match watts {
         Some(w) => {
-            json!({"value": {"source": "rapl", "joules": w * 10.0, "mean_watts": w, "samples": 10, "detail": ""}})
+            json!({"value": {"source": "rapl", "joules": w * 10.0, "mean_watts": w, "samples": 10, "detail": "domains package-0"}})
         }
         None => json!({"value": null, "reason": "no RAPL here"}),
     };
@@ -119,6 +119,10 @@ fn medians_spreads_baselines_and_oriented_ratios() {
     let md = std::fs::read_to_string(dir.join("report.md")).unwrap();
     assert!(md.contains("125 (120-130) · 1.00x"), "{md}");
     assert!(md.contains("190 (180-200) · 1.52x"), "{md}");
+    assert!(
+        md.contains("- **Power**: rapl (domains package-0)\n"),
+        "where the watts came from: {md}"
+    );
     let html = std::fs::read_to_string(dir.join("report.html")).unwrap();
     let chart_start = html
         .find("<figure id=\"chart-requests_per_second\">")

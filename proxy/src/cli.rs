@@ -488,6 +488,9 @@ fn check_config(args: CheckConfigArgs) -> ExitCode {
         };
         match crate::crypto::load_certified_key(&provider, &lc.cert, &lc.key) {
             Ok(cert) => {
+                if let Some(warning) = cert.expiry_warning() {
+                    eprintln!("proxy: warning: listener[{i}]: {warning}");
+                }
                 if let Err(e) = crate::tls::server_config(&provider, &cert, &lc.tls, &[]) {
                     problems.push(format!("listener[{i}]: {e}"));
                 }

@@ -122,6 +122,9 @@ pub struct TlsSwitch {
     listeners: Vec<Arc<SwitchableListener>>,
     metrics: Metrics,
     qat: Option<Arc<QatState>>,
+    /// One change at a time: a SIGHUP reload reads a listener's current files and installs
+    /// them again, which must not undo an admin switch landing in between.
+    changing: std::sync::Mutex<()>,
 }
 
 impl TlsSwitch {
@@ -135,12 +138,14 @@ impl TlsSwitch {
             listeners,
             metrics,
             qat,
+            changing: std::sync::Mutex::new(()),
         }
     }
 
     /// Builds every new configuration first, then installs them; on any error nothing is
     /// installed. Blocking (key loading, the signing proof): call from a blocking thread.
     pub fn apply(&self, req: &SwitchRequest) -> Result<Vec<SwitchOutcome>, SwitchError> {
+        let _one_at_a_time = self.changing.lock().unwrap_or_else(|p| p.into_inner());
         self.install(req, "TLS configuration switched")
     }
 
@@ -148,6 +153,7 @@ impl TlsSwitch {
     /// provider; each listener on its own, so one bad file pair stops only its listener's
     /// reload. Returns `(listener, outcome)` for each. Blocking, like [`Self::apply`].
     pub fn reload(&self) -> Vec<(String, Result<SwitchOutcome, SwitchError>)> {
+        let _one_at_a_time = self.changing.lock().unwrap_or_else(|p| p.into_inner());
         self.listeners
             .iter()
             .map(|l| {

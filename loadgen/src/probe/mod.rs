@@ -1,7 +1,7 @@
 //! What is measured beside the requests: CPU (system-wide and per process), power (RAPL, a
-//! BMC over Redfish, or a Prometheus query), and the proxy's own /metrics. Probes know nothing of workloads: they are
-//! started when the measured phase starts, sampled on a fixed interval, and read out when
-//! it ends.
+//! BMC over Redfish, or a Prometheus query), and the proxy's own /metrics. Probes know
+//! nothing of workloads: they are started when the measured phase starts, sampled on a
+//! fixed interval, and read out when it ends.
 
 pub mod cpu;
 pub mod prometheus;

@@ -492,6 +492,14 @@ fn setup_facts(r: &RunResult) -> Vec<(String, String)> {
                 "off (--insecure)".into()
             },
         ),
+        (
+            "Power".into(),
+            match (&r.power.value, &r.power.reason) {
+                (Some(p), _) if p.detail.is_empty() => p.source.clone(),
+                (Some(p), _) => format!("{} ({})", p.source, p.detail),
+                (None, _) => "not measured (each n/a says why)".into(),
+            },
+        ),
     ]
 }
 

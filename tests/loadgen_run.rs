@@ -570,3 +570,60 @@ fn prometheus_power_is_sampled_from_a_real_prometheus_server() {
     let reason = r["power"]["reason"].as_str().unwrap();
     assert!(reason.contains("no series"), "{reason}");
 }
+
+#[test]
+fn prometheus_behind_basic_auth_needs_the_credentials() {
+    // Prometheus' own web.config basic auth; the bcrypt hash is of "power-reader-test",
+    // made for this test with Python's crypt module (cost 4, the minimum, for speed).
+    const HASH: &str = "$2b$04$a3zeotSzuLk5fSMbhQcQCuT6ymfQiphCS37duTNsE7gUiX5hZMw7C";
+    let s = stack();
+    let exporter = StaticJson::start_metrics(
+        "# TYPE ipmi_dcmi_power_consumption_watts gauge\nipmi_dcmi_power_consumption_watts 412.5\n",
+    );
+    let prometheus = PrometheusServer::start_with_basic_auth(
+        &[("ipmi", exporter.addr)],
+        ("loadgen", "power-reader-test", HASH),
+    );
+    let query = "ipmi_dcmi_power_consumption_watts";
+    prometheus.wait_for_series(query);
+    let url = prometheus.url();
+    let flags = |password| {
+        [
+            "--requests",
+            "2",
+            "--prometheus",
+            url.as_str(),
+            "--prometheus-query",
+            query,
+            "--prometheus-user",
+            "loadgen",
+            "--prometheus-password",
+            password,
+        ]
+    };
+
+    let run = power_run(
+        &s,
+        "power-prom-auth",
+        "prometheus",
+        &flags("power-reader-test"),
+    );
+    assert!(run.status.success(), "{}", run.stderr);
+    let r = run.result.unwrap();
+    assert_eq!(num(&r["power"]["value"], &["mean_watts"]), 412.5, "{r:#}");
+    assert_eq!(
+        r["config"]["prometheus_password"],
+        Value::Null,
+        "the password is not written to the result"
+    );
+
+    let run = power_run(&s, "power-prom-noauth", "prometheus", &flags("wrong"));
+    assert!(run.status.success(), "{}", run.stderr);
+    let r = run.result.unwrap();
+    assert!(r["power"]["value"].is_null(), "{r:#}");
+    let reason = r["power"]["reason"].as_str().unwrap();
+    assert!(
+        reason.contains("refused the request (HTTP 401)"),
+        "{reason}"
+    );
+}

@@ -199,6 +199,16 @@ pub struct RunArgs {
     /// CA for an https:// Prometheus server (default: the system's roots).
     #[arg(long)]
     pub prometheus_ca: Option<PathBuf>,
+    /// Basic-auth user for the Prometheus server (password in LOADGEN_PROMETHEUS_PASSWORD).
+    #[arg(long, env = "LOADGEN_PROMETHEUS_USER")]
+    pub prometheus_user: Option<String>,
+    #[arg(long, env = "LOADGEN_PROMETHEUS_PASSWORD", hide_env_values = true)]
+    #[serde(skip)]
+    pub prometheus_password: Option<String>,
+    /// A file holding a bearer token for the Prometheus server (Grafana Cloud, Mimir, Thanos
+    /// behind an auth proxy).
+    #[arg(long, conflicts_with = "prometheus_user")]
+    pub prometheus_bearer_token_file: Option<PathBuf>,
     /// The proxy's Prometheus endpoint, scraped before and after, e.g. http://127.0.0.1:9090/metrics.
     #[arg(long)]
     pub proxy_metrics: Option<String>,
@@ -358,8 +368,21 @@ fn power_source(args: &RunArgs) -> Result<PowerSource> {
         } else {
             None
         };
+        let auth = match (&args.prometheus_user, &args.prometheus_bearer_token_file) {
+            (Some(user), _) => Some(probe::prometheus::Auth::Basic {
+                user: user.clone(),
+                password: args.prometheus_password.clone().unwrap_or_default(),
+            }),
+            (None, Some(file)) => Some(probe::prometheus::Auth::Bearer(
+                std::fs::read_to_string(file)
+                    .with_context(|| format!("--prometheus-bearer-token-file {}", file.display()))?
+                    .trim()
+                    .to_owned(),
+            )),
+            (None, None) => None,
+        };
         Ok(PowerSource::Meter(Arc::new(WattMeter::Prometheus(
-            probe::prometheus::PrometheusPower::new(url, query, tls),
+            probe::prometheus::PrometheusPower::new(url, query, tls, auth),
         ))))
     };
     Ok(match args.power {

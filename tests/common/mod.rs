@@ -1040,6 +1040,8 @@ pub struct PrometheusServer {
     child: Child,
     pub addr: SocketAddr,
     log: PathBuf,
+    /// The `Authorization` header line its queries need, when it asks for basic auth.
+    authorization: Option<String>,
 }
 
 impl PrometheusServer {
@@ -1050,6 +1052,19 @@ impl PrometheusServer {
 
     /// As [`Self::start`], also evaluating these rule files every second.
     pub fn start_with_rules(targets: &[(&str, SocketAddr)], rule_files: &[PathBuf]) -> Self {
+        Self::start_full(targets, rule_files, None)
+    }
+
+    /// As [`Self::start`], requiring HTTP basic auth: `(user, password, bcrypt hash of it)`.
+    pub fn start_with_basic_auth(targets: &[(&str, SocketAddr)], auth: (&str, &str, &str)) -> Self {
+        Self::start_full(targets, &[], Some(auth))
+    }
+
+    fn start_full(
+        targets: &[(&str, SocketAddr)],
+        rule_files: &[PathBuf],
+        basic_auth: Option<(&str, &str, &str)>,
+    ) -> Self {
         let dir = temp_dir("prometheus");
         let mut config = String::from(
             "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\n  evaluation_interval: 1s\n",
@@ -1072,7 +1087,18 @@ impl PrometheusServer {
             .and_then(|l| l.local_addr())
             .expect("free port");
         let log = dir.join("prometheus.log");
-        let child = Command::new("prometheus")
+        let mut cmd = Command::new("prometheus");
+        let authorization = basic_auth.map(|(user, password, hash)| {
+            let web = dir.join("web.yml");
+            std::fs::write(&web, format!("basic_auth_users:\n  {user}: '{hash}'\n"))
+                .expect("write web config");
+            cmd.arg(format!("--web.config.file={}", web.display()));
+            use base64::Engine;
+            let token =
+                base64::engine::general_purpose::STANDARD.encode(format!("{user}:{password}"));
+            format!("Authorization: Basic {token}")
+        });
+        let child = cmd
             .arg(format!(
                 "--config.file={}",
                 dir.join("prometheus.yml").display()
@@ -1089,9 +1115,14 @@ impl PrometheusServer {
             .unwrap_or_else(|e| {
                 panic!("cannot start `prometheus` ({e}): install Debian's prometheus package")
             });
-        let mut server = Self { child, addr, log };
+        let mut server = Self {
+            child,
+            addr,
+            log,
+            authorization,
+        };
         let deadline = Instant::now() + WAIT;
-        while std::net::TcpStream::connect(addr).is_err() || plain_get(addr, "/-/ready").0 != 200 {
+        while std::net::TcpStream::connect(addr).is_err() || server.get("/-/ready").0 != 200 {
             if let Ok(Some(status)) = server.child.try_wait() {
                 panic!("prometheus exited with {status}: {}", server.log_text());
             }
@@ -1109,6 +1140,12 @@ impl PrometheusServer {
         format!("http://{}", self.addr)
     }
 
+    /// A GET with the credentials the server asks for.
+    pub fn get(&self, path: &str) -> (u16, String) {
+        let headers: Vec<&str> = self.authorization.iter().map(String::as_str).collect();
+        http_raw(self.addr, "GET", path, &headers, "")
+    }
+
     /// Evaluates an instant query; returns the HTTP status and the answer's JSON.
     pub fn query(&self, query: &str) -> (u16, serde_json::Value) {
         let encoded: String = query
@@ -1118,7 +1155,7 @@ impl PrometheusServer {
                 _ => format!("%{b:02X}"),
             })
             .collect();
-        let (status, body) = plain_get(self.addr, &format!("/api/v1/query?query={encoded}"));
+        let (status, body) = self.get(&format!("/api/v1/query?query={encoded}"));
         (
             status,
             serde_json::from_str(&body).unwrap_or(serde_json::Value::Null),

@@ -5,15 +5,24 @@
 //! `sum(rate(kepler_node_platform_joules_total[30s]))` (Kepler), a PDU outlet's SNMP series. A vector answer is summed (one series per
 //! power supply or outlet adds up to the server); an empty answer is an error, never zero.
 //! Readings are only as fresh as the server's scrape interval, which the record says.
+//! Basic auth (Prometheus' own `web.config`) or a bearer token (hosted Prometheus, Mimir,
+//! Thanos behind an auth proxy) when the server asks for it.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context, Result};
+use base64::Engine;
 use http::Method;
 use rustls::ClientConfig;
 
 use crate::client::http::{send, Options};
+
+/// How to authenticate to the Prometheus server.
+pub enum Auth {
+    Basic { user: String, password: String },
+    Bearer(String),
+}
 
 pub struct PrometheusPower {
     query: String,
@@ -31,16 +40,33 @@ pub struct Reading {
 
 impl PrometheusPower {
     /// `base` is the server, e.g. `http://prometheus:9090`; `query` a PromQL expression in watts.
-    pub fn new(base: &str, query: &str, tls: Option<Arc<ClientConfig>>) -> Self {
+    pub fn new(
+        base: &str,
+        query: &str,
+        tls: Option<Arc<ClientConfig>>,
+        auth: Option<Auth>,
+    ) -> Self {
         let encoded: String = form_urlencoded::Serializer::new(String::new())
             .append_pair("query", query)
             .finish();
+        let mut headers = vec![("accept".to_owned(), "application/json".to_owned())];
+        match auth {
+            Some(Auth::Basic { user, password }) => {
+                let token =
+                    base64::engine::general_purpose::STANDARD.encode(format!("{user}:{password}"));
+                headers.push(("authorization".to_owned(), format!("Basic {token}")));
+            }
+            Some(Auth::Bearer(token)) => {
+                headers.push(("authorization".to_owned(), format!("Bearer {token}")));
+            }
+            None => {}
+        }
         Self {
             query: query.to_owned(),
             url: format!("{}/api/v1/query?{encoded}", base.trim_end_matches('/')),
             opts: Options {
                 tls,
-                headers: vec![("accept".to_owned(), "application/json".to_owned())],
+                headers,
                 timeout: Some(Duration::from_secs(5)),
             },
         }
@@ -52,6 +78,14 @@ impl PrometheusPower {
 
     pub async fn reading(&self) -> Result<Reading> {
         let resp = send(Method::GET, &self.url, None, &self.opts).await?;
+        if resp.status == 401 || resp.status == 403 {
+            bail!(
+                "Prometheus at {} refused the request (HTTP {}): check --prometheus-user and \
+                 LOADGEN_PROMETHEUS_PASSWORD, or --prometheus-bearer-token-file",
+                self.url,
+                resp.status
+            );
+        }
         // Prometheus answers 400/422 with the same JSON envelope and the error in it.
         parse_answer(&resp.body).with_context(|| {
             format!(
@@ -162,10 +196,32 @@ mod tests {
     }
 
     #[test]
+    fn credentials_become_the_authorization_header() {
+        let header = |auth| {
+            PrometheusPower::new("http://p:9090", "up", None, Some(auth))
+                .opts
+                .headers
+                .into_iter()
+                .find(|(k, _)| k == "authorization")
+                .map(|(_, v)| v)
+                .unwrap()
+        };
+        assert_eq!(
+            header(Auth::Basic {
+                user: "loadgen".into(),
+                password: "pw".into()
+            }),
+            "Basic bG9hZGdlbjpwdw=="
+        );
+        assert_eq!(header(Auth::Bearer("t0k3n".into())), "Bearer t0k3n");
+    }
+
+    #[test]
     fn the_query_is_url_encoded_once() {
         let p = PrometheusPower::new(
             "http://prom:9090/",
             "sum(scaph_host_power_microwatts{job=\"a b\"}) / 1e6",
+            None,
             None,
         );
         assert_eq!(

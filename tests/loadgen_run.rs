@@ -150,7 +150,7 @@ fn open_loop_latency_includes_the_queueing_behind_a_slow_upstream() {
     // k x 50 ms and cannot finish before (k + 1) x 100 ms: its latency from the schedule is at
     // least 50k + 100 ms, up to about 2 s for the last one. A driver that measured from the
     // actual send (coordinated omission) would report about 100 ms throughout.
-    let slow = StaticJson::start_delayed(
+    let slow = StaticAnswer::start_delayed(
         br#"{"result":{"status":"acknowledged"},"status":"ok","time":0.1}"#.to_vec(),
         Duration::from_millis(100),
     );
@@ -477,7 +477,7 @@ fn redfish_power_is_sampled_through_the_run() {
         std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/redfish/idrac9-power.json"),
     )
     .unwrap();
-    let bmc = StaticJson::start(body);
+    let bmc = StaticAnswer::start(body);
     let run = power_run(
         &s,
         "power",
@@ -515,7 +515,7 @@ fn prometheus_power_is_sampled_from_a_real_prometheus_server() {
     // ipmi_exporter's metric name; the Prometheus server that scrapes it and evaluates the
     // query is the real one (Debian's package).
     let s = stack();
-    let exporter = StaticJson::start_metrics(
+    let exporter = StaticAnswer::start_metrics(
         "# HELP ipmi_dcmi_power_consumption_watts Current power consumption in watts.\n\
          # TYPE ipmi_dcmi_power_consumption_watts gauge\n\
          ipmi_dcmi_power_consumption_watts{psu=\"1\"} 301.5\n\
@@ -577,7 +577,7 @@ fn prometheus_behind_basic_auth_needs_the_credentials() {
     // made for this test with Python's crypt module (cost 4, the minimum, for speed).
     const HASH: &str = "$2b$04$a3zeotSzuLk5fSMbhQcQCuT6ymfQiphCS37duTNsE7gUiX5hZMw7C";
     let s = stack();
-    let exporter = StaticJson::start_metrics(
+    let exporter = StaticAnswer::start_metrics(
         "# TYPE ipmi_dcmi_power_consumption_watts gauge\nipmi_dcmi_power_consumption_watts 412.5\n",
     );
     let prometheus = PrometheusServer::start_with_basic_auth(

@@ -983,15 +983,15 @@ async fn fake_embeddings(
         .expect("response")
 }
 
-/// Serves one fixed JSON body to every request, after `delay`: a recorded answer standing in
-/// for hardware that cannot exist here (a BMC's Redfish API), or a deliberately slow
-/// Qdrant-shaped upstream.
-pub struct StaticJson {
+/// Serves one fixed body to every request, after `delay`: a recorded answer standing in for
+/// hardware that cannot exist here (a BMC's Redfish API, a power sensor's exporter), or a
+/// deliberately slow Qdrant-shaped upstream.
+pub struct StaticAnswer {
     pub addr: SocketAddr,
     _guard: ServerGuard,
 }
 
-impl StaticJson {
+impl StaticAnswer {
     pub fn start(body: Vec<u8>) -> Self {
         Self::serve(body, "application/json", Duration::ZERO)
     }

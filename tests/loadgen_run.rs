@@ -627,3 +627,67 @@ fn prometheus_behind_basic_auth_needs_the_credentials() {
         "{reason}"
     );
 }
+
+#[test]
+fn the_target_hosts_cpu_comes_from_its_node_exporter_through_prometheus() {
+    // Real node_exporter and real Prometheus; the "remote" host is this one, so the figure
+    // must be a utilisation of this machine: a number in 0..=100 like the /proc/stat one.
+    let s = stack();
+    let node = NodeExporter::start();
+    let prometheus = PrometheusServer::start(&[("node", node.addr)]);
+    let instance = node.addr.to_string();
+    // rate() needs two scrapes inside the window.
+    prometheus.wait_for_series(&format!(
+        "rate(node_cpu_seconds_total{{mode=\"idle\",instance=\"{instance}\"}}[3s])"
+    ));
+    let url = prometheus.url();
+    let run = power_run(
+        &s,
+        "target-cpu",
+        "none",
+        &[
+            "--duration",
+            "3s",
+            "--prometheus",
+            &url,
+            "--target-node-exporter",
+            &instance,
+        ],
+    );
+    assert!(run.status.success(), "{}", run.stderr);
+    let r = run.result.unwrap();
+    let target = num(&r["cpu"]["target_host_utilisation_percent"], &["value"]);
+    assert!((0.0..=100.0).contains(&target), "{r:#}");
+    let local = num(&r["cpu"]["system_utilisation_percent"], &["value"]);
+    assert!((0.0..=100.0).contains(&local), "{r:#}");
+    assert!(
+        run.stdout
+            .contains("CPU of the target host (node_exporter via Prometheus): "),
+        "{}",
+        run.stdout
+    );
+
+    // A host Prometheus does not scrape: null with the reason, the run still succeeds.
+    let run = power_run(
+        &s,
+        "target-cpu-none",
+        "none",
+        &[
+            "--requests",
+            "2",
+            "--prometheus",
+            &url,
+            "--target-node-exporter",
+            "no-such-host:9100",
+        ],
+    );
+    assert!(run.status.success(), "{}", run.stderr);
+    let r = run.result.unwrap();
+    let m = &r["cpu"]["target_host_utilisation_percent"];
+    assert!(m["value"].is_null(), "{m}");
+    let reason = m["reason"].as_str().unwrap();
+    assert!(
+        reason.contains("no-such-host:9100") && reason.contains("no series"),
+        "{reason}"
+    );
+}

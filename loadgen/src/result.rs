@@ -133,10 +133,18 @@ pub struct ProcessCpu {
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct CpuRecord {
-    /// All cores together, 0..=100.
+    /// All cores together, 0..=100, of the host loadgen runs on.
     pub system_utilisation_percent: Measured<f64>,
+    /// All cores of the target's host, 0..=100, from its node_exporter through Prometheus
+    /// (`--target-node-exporter`): the system figure when the proxy runs on another host.
+    #[serde(default = "target_host_not_asked")]
+    pub target_host_utilisation_percent: Measured<f64>,
     pub loadgen: ProcessCpu,
     pub watched: Vec<ProcessCpu>,
+}
+
+pub fn target_host_not_asked() -> Measured<f64> {
+    Measured::missing("no --target-node-exporter given")
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]

@@ -209,6 +209,11 @@ pub struct RunArgs {
     /// behind an auth proxy).
     #[arg(long, conflicts_with = "prometheus_user")]
     pub prometheus_bearer_token_file: Option<PathBuf>,
+    /// The proxy host's node_exporter as Prometheus labels it (`instance`, e.g.
+    /// proxy-host:9100): its CPU over the measured window, asked through --prometheus at the
+    /// end, becomes the system CPU figure (for a proxy on another host).
+    #[arg(long, requires = "prometheus")]
+    pub target_node_exporter: Option<String>,
     /// The proxy's Prometheus endpoint, scraped before and after, e.g. http://127.0.0.1:9090/metrics.
     #[arg(long)]
     pub proxy_metrics: Option<String>,
@@ -336,6 +341,34 @@ fn embeddings_http(args: &RunArgs) -> Result<Options> {
     })
 }
 
+/// The Prometheus server of `--prometheus`, with its TLS trust and credentials.
+fn prometheus_server(args: &RunArgs) -> Result<Option<Arc<probe::prometheus::Prometheus>>> {
+    let Some(url) = &args.prometheus else {
+        return Ok(None);
+    };
+    let tls = if url.starts_with("https://") {
+        Some(trust_config(args.prometheus_ca.as_deref(), false)?)
+    } else {
+        None
+    };
+    let auth = match (&args.prometheus_user, &args.prometheus_bearer_token_file) {
+        (Some(user), _) => Some(probe::prometheus::Auth::Basic {
+            user: user.clone(),
+            password: args.prometheus_password.clone().unwrap_or_default(),
+        }),
+        (None, Some(file)) => Some(probe::prometheus::Auth::Bearer(
+            std::fs::read_to_string(file)
+                .with_context(|| format!("--prometheus-bearer-token-file {}", file.display()))?
+                .trim()
+                .to_owned(),
+        )),
+        (None, None) => None,
+    };
+    Ok(Some(Arc::new(probe::prometheus::Prometheus::new(
+        url, tls, auth,
+    ))))
+}
+
 fn power_source(args: &RunArgs) -> Result<PowerSource> {
     let redfish = || -> Result<PowerSource> {
         let url = args
@@ -360,29 +393,11 @@ fn power_source(args: &RunArgs) -> Result<PowerSource> {
         ))))
     };
     let prometheus = || -> Result<PowerSource> {
-        let (Some(url), Some(query)) = (&args.prometheus, &args.prometheus_query) else {
+        let (Some(server), Some(query)) = (prometheus_server(args)?, &args.prometheus_query) else {
             bail!("--power prometheus needs --prometheus URL and --prometheus-query PROMQL");
         };
-        let tls = if url.starts_with("https://") {
-            Some(trust_config(args.prometheus_ca.as_deref(), false)?)
-        } else {
-            None
-        };
-        let auth = match (&args.prometheus_user, &args.prometheus_bearer_token_file) {
-            (Some(user), _) => Some(probe::prometheus::Auth::Basic {
-                user: user.clone(),
-                password: args.prometheus_password.clone().unwrap_or_default(),
-            }),
-            (None, Some(file)) => Some(probe::prometheus::Auth::Bearer(
-                std::fs::read_to_string(file)
-                    .with_context(|| format!("--prometheus-bearer-token-file {}", file.display()))?
-                    .trim()
-                    .to_owned(),
-            )),
-            (None, None) => None,
-        };
         Ok(PowerSource::Meter(Arc::new(WattMeter::Prometheus(
-            probe::prometheus::PrometheusPower::new(url, query, tls, auth),
+            probe::prometheus::PrometheusPower::new(server, query),
         ))))
     };
     Ok(match args.power {
@@ -559,8 +574,13 @@ pub async fn execute(args: &RunArgs, stop: CancellationToken) -> Result<RunResul
     // Warm-up runs inside the driver; probes start when the measured phase does. Without a
     // warm-up they start before the first request, so the proxy's counters match exactly.
     let warmup = driver_config.warmup;
+    let target_host = match (&args.target_node_exporter, prometheus_server(args)?) {
+        (Some(instance), Some(server)) => Some((server, instance.clone())),
+        _ => None,
+    };
     let probe_config = ProbeConfig {
         proc_root: proc_root.clone(),
+        target_host,
         power,
         watched,
         proxy_metrics,

@@ -66,6 +66,17 @@ pub fn render(r: &RunResult) -> String {
         r.cpu.loadgen.percent_of_core,
         per_request(r.cpu.loadgen.cpu_seconds_per_request)
     );
+    if r.cpu.target_host_utilisation_percent.value.is_some()
+        || r.config["target_node_exporter"].is_string()
+    {
+        let _ = writeln!(
+            s,
+            "CPU of the target host (node_exporter via Prometheus): {}",
+            measured(&r.cpu.target_host_utilisation_percent, |v| format!(
+                "{v:.1}%"
+            ))
+        );
+    }
     for p in &r.cpu.watched {
         let _ = writeln!(
             s,

@@ -1191,3 +1191,44 @@ impl Drop for PrometheusServer {
         let _ = self.child.wait();
     }
 }
+
+/// A real node_exporter (Debian's `prometheus-node-exporter`; `.ci/run` installs it) on
+/// loopback, exporting this machine's CPU counters only.
+pub struct NodeExporter {
+    child: Child,
+    pub addr: SocketAddr,
+}
+
+impl NodeExporter {
+    pub fn start() -> Self {
+        let addr = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("free port");
+        let mut child = Command::new("prometheus-node-exporter")
+            .arg(format!("--web.listen-address={addr}"))
+            .args(["--collector.disable-defaults", "--collector.cpu"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| {
+                panic!("cannot start prometheus-node-exporter ({e}): install Debian's prometheus-node-exporter package")
+            });
+        let deadline = Instant::now() + WAIT;
+        while std::net::TcpStream::connect(addr).is_err() {
+            if let Ok(Some(status)) = child.try_wait() {
+                panic!("prometheus-node-exporter exited with {status}");
+            }
+            assert!(Instant::now() < deadline, "node_exporter not listening");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Self { child, addr }
+    }
+}
+
+impl Drop for NodeExporter {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

@@ -70,6 +70,8 @@ impl WattMeter {
 
 pub struct ProbeConfig {
     pub proc_root: PathBuf,
+    /// The target host's node_exporter instance, asked through this Prometheus at the end.
+    pub target_host: Option<(Arc<prometheus::Prometheus>, String)>,
     pub power: PowerSource,
     pub watched: Vec<Watched>,
     pub proxy_metrics: Option<(String, Options)>,
@@ -283,6 +285,14 @@ impl Running {
             }
         };
 
+        let target_host = match &self.config.target_host {
+            Some((server, instance)) => Measured::from(
+                prometheus::host_cpu_percent(server, instance, self.started.elapsed())
+                    .await
+                    .map_err(|e| format!("{e:#}")),
+            ),
+            None => crate::result::target_host_not_asked(),
+        };
         let (proxy, listeners) = match (&self.config.proxy_metrics, self.proxy_before.take()) {
             (Some((url, opts)), Some(Ok(before))) => match proxy_metrics::scrape(url, opts).await {
                 Ok(after) => {
@@ -321,6 +331,7 @@ impl Running {
         Finished {
             cpu: CpuRecord {
                 system_utilisation_percent: system,
+                target_host_utilisation_percent: target_host,
                 loadgen,
                 watched,
             },

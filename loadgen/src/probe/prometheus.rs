@@ -1,10 +1,17 @@
-//! Power from a Prometheus server that already scrapes the machine's power sensors: an
-//! instant query (`GET /api/v1/query`) whose answer is watts, sampled through the run like
-//! Redfish. Examples of such queries: `ipmi_dcmi_power_consumption_watts` (ipmi_exporter),
+//! Figures from a Prometheus server that already scrapes the machines: the power of the
+//! server under test, and the CPU of the proxy's host when loadgen runs elsewhere.
+//!
+//! Power: an instant query (`GET /api/v1/query`) whose answer is watts, sampled through the
+//! run like Redfish: `ipmi_dcmi_power_consumption_watts` (ipmi_exporter),
 //! `scaph_host_power_microwatts / 1e6` (Scaphandre),
-//! `sum(rate(kepler_node_platform_joules_total[30s]))` (Kepler), a PDU outlet's SNMP series. A vector answer is summed (one series per
-//! power supply or outlet adds up to the server); an empty answer is an error, never zero.
-//! Readings are only as fresh as the server's scrape interval, which the record says.
+//! `sum(rate(kepler_node_platform_joules_total[30s]))` (Kepler), a PDU outlet's SNMP
+//! series. A vector answer is summed (one series per power supply or outlet adds up to the
+//! server); an empty answer is an error, never zero. Readings are only as fresh as the
+//! server's scrape interval, which the record says.
+//!
+//! Target host CPU: node_exporter's idle time over exactly the measured window, asked once
+//! at the end of the run.
+//!
 //! Basic auth (Prometheus' own `web.config`) or a bearer token (hosted Prometheus, Mimir,
 //! Thanos behind an auth proxy) when the server asks for it.
 
@@ -24,31 +31,22 @@ pub enum Auth {
     Bearer(String),
 }
 
-pub struct PrometheusPower {
-    query: String,
-    /// The full query URL, encoded once.
-    url: String,
+/// A Prometheus server's query API.
+pub struct Prometheus {
+    base: String,
     opts: Options,
 }
 
-/// One evaluated query: the summed watts and how many series were summed.
+/// One evaluated query: the sum of its samples and how many series were summed.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Reading {
     pub watts: f64,
     pub series: usize,
 }
 
-impl PrometheusPower {
-    /// `base` is the server, e.g. `http://prometheus:9090`; `query` a PromQL expression in watts.
-    pub fn new(
-        base: &str,
-        query: &str,
-        tls: Option<Arc<ClientConfig>>,
-        auth: Option<Auth>,
-    ) -> Self {
-        let encoded: String = form_urlencoded::Serializer::new(String::new())
-            .append_pair("query", query)
-            .finish();
+impl Prometheus {
+    /// `base` is the server, e.g. `http://prometheus:9090`.
+    pub fn new(base: &str, tls: Option<Arc<ClientConfig>>, auth: Option<Auth>) -> Self {
         let mut headers = vec![("accept".to_owned(), "application/json".to_owned())];
         match auth {
             Some(Auth::Basic { user, password }) => {
@@ -62,8 +60,7 @@ impl PrometheusPower {
             None => {}
         }
         Self {
-            query: query.to_owned(),
-            url: format!("{}/api/v1/query?{encoded}", base.trim_end_matches('/')),
+            base: base.trim_end_matches('/').to_owned(),
             opts: Options {
                 tls,
                 headers,
@@ -72,28 +69,81 @@ impl PrometheusPower {
         }
     }
 
-    pub fn query(&self) -> &str {
-        &self.query
+    fn query_url(&self, query: &str) -> String {
+        let encoded: String = form_urlencoded::Serializer::new(String::new())
+            .append_pair("query", query)
+            .finish();
+        format!("{}/api/v1/query?{encoded}", self.base)
     }
 
-    pub async fn reading(&self) -> Result<Reading> {
-        let resp = send(Method::GET, &self.url, None, &self.opts).await?;
+    /// Evaluates an instant query now: a scalar, or the sum of a vector's samples.
+    pub async fn instant(&self, query: &str) -> Result<Reading> {
+        let url = self.query_url(query);
+        let resp = send(Method::GET, &url, None, &self.opts).await?;
         if resp.status == 401 || resp.status == 403 {
             bail!(
-                "Prometheus at {} refused the request (HTTP {}): check --prometheus-user and \
+                "Prometheus at {url} refused the request (HTTP {}): check --prometheus-user and \
                  LOADGEN_PROMETHEUS_PASSWORD, or --prometheus-bearer-token-file",
-                self.url,
                 resp.status
             );
         }
         // Prometheus answers 400/422 with the same JSON envelope and the error in it.
         parse_answer(&resp.body).with_context(|| {
             format!(
-                "Prometheus query {:?} (HTTP {}) at {}",
-                self.query, resp.status, self.url
+                "Prometheus query {query:?} (HTTP {}) at {}",
+                resp.status, self.base
             )
         })
     }
+}
+
+/// Power sampled from a Prometheus query in watts.
+pub struct PrometheusPower {
+    server: Arc<Prometheus>,
+    query: String,
+}
+
+impl PrometheusPower {
+    pub fn new(server: Arc<Prometheus>, query: &str) -> Self {
+        Self {
+            server,
+            query: query.to_owned(),
+        }
+    }
+
+    pub fn query(&self) -> &str {
+        &self.query
+    }
+
+    pub async fn reading(&self) -> Result<Reading> {
+        self.server.instant(&self.query).await
+    }
+}
+
+/// The PromQL for a node_exporter host's CPU utilisation (all cores, 0..=100) over the
+/// `seconds` before the evaluation.
+pub fn host_cpu_query(instance: &str, seconds: u64) -> String {
+    let instance = instance.replace('\\', "\\\\").replace('"', "\\\"");
+    format!(
+        "100 * (1 - avg(rate(node_cpu_seconds_total{{mode=\"idle\",instance=\"{instance}\"}}[{seconds}s])))"
+    )
+}
+
+/// The target host's CPU utilisation over the run that just ended.
+pub async fn host_cpu_percent(
+    server: &Prometheus,
+    instance: &str,
+    measured: Duration,
+) -> Result<f64> {
+    let seconds = measured.as_secs_f64().ceil().max(1.0) as u64;
+    let query = host_cpu_query(instance, seconds);
+    let reading = server.instant(&query).await.with_context(|| {
+        format!("node_exporter {instance:?}: a {seconds} s window needs at least two scrapes of it")
+    })?;
+    if reading.series != 1 || reading.watts > 100.0 {
+        bail!("{query} gave {} series, {}", reading.series, reading.watts);
+    }
+    Ok(reading.watts)
 }
 
 /// The value of an instant-query answer: a scalar, or the sum of a vector's samples.
@@ -198,7 +248,7 @@ mod tests {
     #[test]
     fn credentials_become_the_authorization_header() {
         let header = |auth| {
-            PrometheusPower::new("http://p:9090", "up", None, Some(auth))
+            Prometheus::new("http://p:9090", None, Some(auth))
                 .opts
                 .headers
                 .into_iter()
@@ -217,16 +267,20 @@ mod tests {
     }
 
     #[test]
-    fn the_query_is_url_encoded_once() {
-        let p = PrometheusPower::new(
-            "http://prom:9090/",
-            "sum(scaph_host_power_microwatts{job=\"a b\"}) / 1e6",
-            None,
-            None,
-        );
+    fn queries_are_url_encoded() {
+        let p = Prometheus::new("http://prom:9090/", None, None);
         assert_eq!(
-            p.url,
+            p.query_url("sum(scaph_host_power_microwatts{job=\"a b\"}) / 1e6"),
             "http://prom:9090/api/v1/query?query=sum%28scaph_host_power_microwatts%7Bjob%3D%22a+b%22%7D%29+%2F+1e6"
         );
+    }
+
+    #[test]
+    fn the_host_cpu_query_covers_the_window_and_quotes_the_instance() {
+        assert_eq!(
+            host_cpu_query("db1:9100", 67),
+            "100 * (1 - avg(rate(node_cpu_seconds_total{mode=\"idle\",instance=\"db1:9100\"}[67s])))"
+        );
+        assert!(host_cpu_query("a\"b", 1).contains("instance=\"a\\\"b\""));
     }
 }

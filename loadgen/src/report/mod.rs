@@ -17,7 +17,7 @@ use std::path::Path;
 use anyhow::{bail, Context, Result};
 
 use crate::compare::{CellFailure, FAILURE_SCHEMA};
-use crate::result::{RunResult, SCHEMA};
+use crate::result::{Measured, RunResult, SCHEMA};
 
 /// Providers a ratio's baseline is chosen from.
 pub const SOFTWARE_PROVIDERS: [&str; 3] = ["ring", "aws-lc-rs", "openssl"];
@@ -67,8 +67,13 @@ fn latency(r: &RunResult, pick: fn(&crate::result::Percentiles) -> f64) -> Resul
         .ok_or_else(|| "no latency recorded".into())
 }
 
+/// The proxy host's CPU: the target host's when it was measured through its node_exporter
+/// (remote mode), else this host's, where loadgen and the proxy ran together.
 fn system_cpu(r: &RunResult) -> Result<f64, String> {
-    let m = &r.cpu.system_utilisation_percent;
+    let m = match &r.cpu.target_host_utilisation_percent {
+        target @ Measured { value: Some(_), .. } => target,
+        _ => &r.cpu.system_utilisation_percent,
+    };
     m.value.ok_or_else(|| m.reason.clone().unwrap_or_default())
 }
 
@@ -120,15 +125,7 @@ pub const METRICS: &[Metric] = &[
         unit: "% of all cores",
         better: Better::Lower,
         charted: true,
-        extract: |r| {
-            r.cpu.system_utilisation_percent.value.ok_or_else(|| {
-                r.cpu
-                    .system_utilisation_percent
-                    .reason
-                    .clone()
-                    .unwrap_or_default()
-            })
-        },
+        extract: system_cpu,
     },
     Metric {
         key: "proxy_cpu_percent",
@@ -490,6 +487,16 @@ fn setup_facts(r: &RunResult) -> Vec<(String, String)> {
                 "on".into()
             } else {
                 "off (--insecure)".into()
+            },
+        ),
+        (
+            "System CPU".into(),
+            match &r.cpu.target_host_utilisation_percent.value {
+                Some(_) => format!(
+                    "the target host's, from node_exporter {} through Prometheus",
+                    s("target_node_exporter")
+                ),
+                None => "this host's (/proc/stat)".into(),
             },
         ),
         (

@@ -1034,6 +1034,14 @@ impl StaticAnswer {
     }
 }
 
+/// A loopback address with a port that was free a moment ago, for servers that cannot
+/// report a port they chose themselves.
+pub fn free_loopback_addr() -> SocketAddr {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("free port")
+}
+
 /// A real Prometheus server (Debian's `prometheus` package; `.ci/run` installs it) on
 /// loopback, scraping the given targets every second into a temporary TSDB.
 pub struct PrometheusServer {
@@ -1083,9 +1091,7 @@ impl PrometheusServer {
         }
         std::fs::write(dir.join("prometheus.yml"), config).expect("write config");
         // Prometheus cannot report a port it chose, so take a free one and hand it over.
-        let addr = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .expect("free port");
+        let addr = free_loopback_addr();
         let log = dir.join("prometheus.log");
         let mut cmd = Command::new("prometheus");
         let authorization = basic_auth.map(|(user, password, hash)| {
@@ -1201,9 +1207,7 @@ pub struct NodeExporter {
 
 impl NodeExporter {
     pub fn start() -> Self {
-        let addr = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .expect("free port");
+        let addr = free_loopback_addr();
         let mut child = Command::new("prometheus-node-exporter")
             .arg(format!("--web.listen-address={addr}"))
             .args(["--collector.disable-defaults", "--collector.cpu"])

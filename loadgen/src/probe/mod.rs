@@ -49,7 +49,7 @@ impl WattMeter {
             WattMeter::Prometheus(p) => {
                 let reading = p.reading().await?;
                 Ok((
-                    reading.watts,
+                    reading.value,
                     format!(
                         "Prometheus query {:?}, {} series summed; as fresh as its scrape interval",
                         p.query(),

@@ -37,10 +37,11 @@ pub struct Prometheus {
     opts: Options,
 }
 
-/// One evaluated query: the sum of its samples and how many series were summed.
+/// One evaluated query: the sum of its samples (watts, or percent for the CPU query) and
+/// how many series were summed.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Reading {
-    pub watts: f64,
+    pub value: f64,
     pub series: usize,
 }
 
@@ -140,10 +141,10 @@ pub async fn host_cpu_percent(
     let reading = server.instant(&query).await.with_context(|| {
         format!("node_exporter {instance:?}: a {seconds} s window needs at least two scrapes of it")
     })?;
-    if reading.series != 1 || reading.watts > 100.0 {
-        bail!("{query} gave {} series, {}", reading.series, reading.watts);
+    if reading.series != 1 || reading.value > 100.0 {
+        bail!("{query} gave {} series, {}", reading.series, reading.value);
     }
-    Ok(reading.watts)
+    Ok(reading.value)
 }
 
 /// The value of an instant-query answer: a scalar, or the sum of a vector's samples.
@@ -162,17 +163,18 @@ pub fn parse_answer(body: &[u8]) -> Result<Reading> {
             .get(1)
             .and_then(|s| s.as_str())
             .ok_or_else(|| anyhow!("a sample is not [time, \"value\"]"))?;
-        let watts: f64 = text
+        let value: f64 = text
             .parse()
             .map_err(|_| anyhow!("sample value {text:?} is not a number"))?;
-        if !watts.is_finite() || watts < 0.0 {
-            bail!("sample value {text} is not a power in watts");
+        // Watts and CPU percentages alike are finite and never negative.
+        if !value.is_finite() || value < 0.0 {
+            bail!("sample value {text} is not a finite, non-negative figure");
         }
-        Ok(watts)
+        Ok(value)
     };
     match data["resultType"].as_str() {
         Some("scalar") => Ok(Reading {
-            watts: sample(&data["result"])?,
+            value: sample(&data["result"])?,
             series: 1,
         }),
         Some("vector") => {
@@ -182,17 +184,17 @@ pub fn parse_answer(body: &[u8]) -> Result<Reading> {
             if series.is_empty() {
                 bail!("the query matched no series (is the exporter scraped, is the name right?)");
             }
-            let mut watts = 0.0;
+            let mut value = 0.0;
             for s in series {
-                watts += sample(&s["value"])?;
+                value += sample(&s["value"])?;
             }
             Ok(Reading {
-                watts,
+                value,
                 series: series.len(),
             })
         }
         other => bail!(
-            "result type {} is not an instant value (use an instant query in watts)",
+            "result type {} is not an instant value (use an instant query)",
             other.unwrap_or("missing")
         ),
     }
@@ -210,7 +212,7 @@ mod tests {
         assert_eq!(
             parse_answer(body).unwrap(),
             Reading {
-                watts: 599.5,
+                value: 599.5,
                 series: 2
             }
         );
@@ -219,7 +221,7 @@ mod tests {
     #[test]
     fn a_scalar_is_taken_as_is() {
         let body = br#"{"status":"success","data":{"resultType":"scalar","result":[1764490000,"412.25"]}}"#;
-        assert_eq!(parse_answer(body).unwrap().watts, 412.25);
+        assert_eq!(parse_answer(body).unwrap().value, 412.25);
     }
 
     #[test]

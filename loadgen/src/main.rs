@@ -30,6 +30,9 @@ enum Command {
         /// The folder `loadgen compare --out` wrote.
         dir: std::path::PathBuf,
     },
+    /// The terminator benchmark: our proxy per provider beside nginx and HAProxy, CPU per
+    /// new connection and per MB, memory per idle connection, latency; a table of ratios.
+    Bench(Box<loadgen::bench::BenchArgs>),
 }
 
 fn runtime(threads: Option<usize>) -> Result<tokio::runtime::Runtime, ExitCode> {
@@ -107,6 +110,26 @@ fn main() -> ExitCode {
                     Err(e) => {
                         eprintln!("error: rendering the report: {e:#}");
                         ExitCode::from(1)
+                    }
+                }
+            })
+        }
+        Command::Bench(args) => {
+            let rt = match runtime(Some(2)) {
+                Ok(r) => r,
+                Err(code) => return code,
+            };
+            rt.block_on(async move {
+                let stop = stop_on_ctrl_c();
+                match loadgen::bench::execute(&args, stop).await {
+                    Ok(result) => {
+                        print!("{}", loadgen::bench::render(&result));
+                        println!("\nwrote {}/bench.md and bench.json", args.out.display());
+                        ExitCode::SUCCESS
+                    }
+                    Err(e) => {
+                        eprintln!("error: {e:#}");
+                        ExitCode::from(2)
                     }
                 }
             })

@@ -11,18 +11,18 @@
 //! ```
 //! (openssl-qat needs a QAT device and is measured through loadgen compare.)
 
-use std::hint::black_box;
 use std::path::Path;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, Criterion};
 use proxy::config::TlsPolicy;
 use proxy::crypto::{generate_cert_set, CertAlgorithmName, KxGroupName, Provider, ProviderName};
+use proxy::tls::measure::server_side_handshake;
 use rustls::client::Resumption;
 use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, ServerName};
-use rustls::{ClientConfig, ClientConnection, RootCertStore, ServerConfig, ServerConnection};
+use rustls::pki_types::CertificateDer;
+use rustls::{ClientConfig, RootCertStore};
 
 const PROVIDERS: [ProviderName; 3] = [
     ProviderName::Ring,
@@ -43,43 +43,6 @@ fn client_config(ca: &Path) -> Arc<ClientConfig> {
         .with_no_client_auth();
     config.resumption = Resumption::disabled();
     Arc::new(config)
-}
-
-/// One full handshake over in-memory buffers; returns the time spent in the server's calls.
-fn server_side_handshake(
-    server_config: &Arc<ServerConfig>,
-    client_config: &Arc<ClientConfig>,
-    (to_server, to_client): &mut (Vec<u8>, Vec<u8>),
-) -> Duration {
-    let name = ServerName::try_from("localhost").expect("name");
-    let mut client = ClientConnection::new(client_config.clone(), name).expect("client");
-    let started = Instant::now();
-    let mut server = ServerConnection::new(server_config.clone()).expect("server");
-    let mut in_server = started.elapsed();
-    while client.is_handshaking() || server.is_handshaking() {
-        to_server.clear();
-        while client.wants_write() {
-            client.write_tls(to_server).expect("client write");
-        }
-        let started = Instant::now();
-        let mut rd = &to_server[..];
-        while !rd.is_empty() {
-            server.read_tls(&mut rd).expect("server read");
-            server.process_new_packets().expect("server handshake");
-        }
-        to_client.clear();
-        while server.wants_write() {
-            server.write_tls(to_client).expect("server write");
-        }
-        in_server += started.elapsed();
-        let mut rd = &to_client[..];
-        while !rd.is_empty() {
-            client.read_tls(&mut rd).expect("client read");
-            client.process_new_packets().expect("client handshake");
-        }
-    }
-    black_box(&server);
-    in_server
 }
 
 fn handshakes(c: &mut Criterion) {
@@ -105,7 +68,9 @@ fn handshakes(c: &mut Criterion) {
             group.bench_function(format!("{}/{alg}", provider.as_str()), |b| {
                 b.iter_custom(|iters| {
                     (0..iters)
-                        .map(|_| server_side_handshake(&server, &client, &mut wire))
+                        .map(|_| {
+                            server_side_handshake(&server, &client, &mut wire).expect("handshake")
+                        })
                         .sum()
                 })
             });

@@ -1,0 +1,853 @@
+//! `loadgen bench`: the terminator benchmark. Our proxy (per provider), nginx and HAProxy
+//! are put side by side in front of one plaintext sink with the same certificates and TLS
+//! policy (TLS 1.3, X25519, no resumption), and each terminator's own CPU (user + system,
+//! its whole process tree, from /proc) is divided by the work it did: per new connection
+//! with a tiny request per certificate algorithm, per MB of keep-alive bulk over HTTP/1.1,
+//! h2 and gRPC; its resident memory per idle TLS connection; the first-response delay for a
+//! client that keeps Nagle on; and the latency it adds to one large request at a time.
+//! Every figure is printed with its ratio to nginx's, measured in the same run.
+//!
+//! Submodules: [`sink`] (the upstream), [`terminators`] (starting and measuring them),
+//! [`workloads`] (the client side of each row).
+
+pub mod sink;
+pub mod terminators;
+pub mod workloads;
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use bytes::Bytes;
+use clap::{Args, ValueEnum};
+use proxy::config::TlsPolicy;
+use proxy::crypto::{generate_cert_set, CertAlgorithmName, KxGroupName, Provider, ProviderName};
+use serde::Serialize;
+use tokio_rustls::TlsConnector;
+use tokio_util::sync::CancellationToken;
+
+use crate::client::tls::{client_config, TlsOptions};
+use crate::compare::procs::sibling_binary;
+use terminators::{Certs, Peer, Terminator};
+use workloads::{Bulk, Clients};
+
+/// HTTP/2 windows of the sink and the bench's clients: as large as the proxy's own, so
+/// neither end of the measurement throttles a bulk upload.
+pub const H2_WINDOW: u32 = 4 * 1024 * 1024;
+
+/// Body sizes of the bulk rows: an UPSERT_100 of 1024-d vectors as REST JSON (763 KB) and
+/// as gRPC protobuf (416 KB), and the 800 KB upsert of the latency row.
+const REST_BODY: usize = 763 * 1024;
+const GRPC_BODY: usize = 416 * 1024;
+const LATENCY_BODY: usize = 800 * 1024;
+
+/// The rows the benchmark can measure.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, ValueEnum, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Part {
+    /// A new TLS connection per tiny GET, per certificate algorithm.
+    Handshake,
+    /// Keep-alive uploads: h2 and HTTP/1.1 JSON to an HTTP/1.1 upstream, gRPC to h2c.
+    Bulk,
+    /// Resident memory per idle TLS connection.
+    Idle,
+    /// First response after the handshake from a client without TCP_NODELAY.
+    FirstResponse,
+    /// Mean time of one 800 KB h2 request at concurrency 1, against the direct path.
+    Latency,
+}
+
+#[derive(Args, Debug)]
+pub struct BenchArgs {
+    /// Our providers to measure (each a proxy column).
+    #[arg(long, value_delimiter = ',', default_value = "ring,aws-lc-rs,openssl")]
+    pub providers: Vec<ProviderName>,
+    /// Peer terminators (Debian's packages, installed with apt-get when missing); `none`
+    /// for our proxy alone.
+    #[arg(long, value_delimiter = ',', default_value = "nginx,haproxy")]
+    pub peers: Vec<String>,
+    /// Certificate algorithms of the new-connection rows.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "rsa2048,ecdsa-p256,ecdsa-p384,rsa4096"
+    )]
+    pub algorithms: Vec<CertAlgorithmName>,
+    /// Which rows to measure.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "handshake,bulk,idle,first-response,latency"
+    )]
+    pub parts: Vec<Part>,
+    /// Measured time of each timed row, per terminator.
+    #[arg(long, default_value = "4s", value_parser = humantime::parse_duration)]
+    pub duration: Duration,
+    /// Unmeasured warm-up before each timed row.
+    #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
+    pub warmup: Duration,
+    /// Clients opening new connections at once in the new-connection rows.
+    #[arg(long, default_value_t = 4)]
+    pub concurrency: usize,
+    /// Keep-alive connections of the bulk rows (requests one after another on each).
+    #[arg(long, default_value_t = 2)]
+    pub bulk_connections: usize,
+    /// Idle connection counts, measured cumulatively (RSS after each).
+    #[arg(long, value_delimiter = ',', default_value = "1000,10000")]
+    pub idle: Vec<usize>,
+    /// Requests of the concurrency-1 latency row (after 20 unmeasured ones).
+    #[arg(long, default_value_t = 300)]
+    pub latency_requests: usize,
+    /// Connections of the first-response row (the median is reported).
+    #[arg(long, default_value_t = 30)]
+    pub first_response_connections: usize,
+    /// The proxy binary (default: next to this loadgen).
+    #[arg(long)]
+    pub proxy_bin: Option<PathBuf>,
+    /// The proxy's worker threads. One by default, as the peers run (nginx
+    /// `worker_processes 1`, HAProxy `nbthread 1`), so every column is one worker's cost
+    /// per unit of work; 0 is the proxy's own default, one per CPU.
+    #[arg(long, default_value_t = 1)]
+    pub proxy_worker_threads: usize,
+    /// Where the table (bench.md), the figures (bench.json) and the logs go.
+    #[arg(long, default_value = "results/bench")]
+    pub out: PathBuf,
+}
+
+/// One figure of one terminator, or why there is none.
+#[derive(Clone, Debug, Serialize)]
+#[serde(untagged)]
+pub enum Figure {
+    Value(f64),
+    Missing { reason: String },
+}
+
+/// One row of the table.
+#[derive(Debug, Serialize)]
+pub struct Row {
+    pub name: String,
+    pub unit: String,
+    /// Column label -> figure.
+    pub figures: BTreeMap<String, Figure>,
+    /// Work done per column (connections, MB, requests), for the reader's judgement.
+    pub work: BTreeMap<String, String>,
+}
+
+impl Row {
+    fn new(name: impl Into<String>, unit: &str) -> Self {
+        Self {
+            name: name.into(),
+            unit: unit.to_owned(),
+            figures: BTreeMap::new(),
+            work: BTreeMap::new(),
+        }
+    }
+
+    fn set(&mut self, column: &str, figure: Result<f64>) {
+        let f = match figure {
+            Ok(v) if v.is_finite() => Figure::Value(v),
+            Ok(v) => Figure::Missing {
+                reason: format!("not a number ({v})"),
+            },
+            Err(e) => Figure::Missing {
+                reason: format!("{e:#}"),
+            },
+        };
+        self.figures.insert(column.to_owned(), f);
+    }
+}
+
+/// What a run of the benchmark measured.
+#[derive(Debug, Serialize)]
+pub struct BenchResult {
+    pub columns: Vec<String>,
+    pub rows: Vec<Row>,
+    pub settings: serde_json::Value,
+    pub machine: serde_json::Value,
+}
+
+fn clients(ca: &std::path::Path) -> Result<Clients> {
+    let make = |alpn: &[u8]| -> Result<TlsConnector> {
+        let config = client_config(&TlsOptions {
+            provider: Provider::new(ProviderName::AwsLcRs, &[KxGroupName::X25519])?,
+            ca: Some(ca.to_owned()),
+            insecure: false,
+            versions: vec![&rustls::version::TLS13],
+            resumption: false,
+            alpn: vec![alpn.to_vec()],
+        })?;
+        Ok(TlsConnector::from(config))
+    };
+    Ok(Clients {
+        http1: make(b"http/1.1")?,
+        h2: make(b"h2")?,
+    })
+}
+
+/// A JSON array of floats of about `size` bytes: the bulk rows' REST body.
+fn json_body(size: usize) -> Bytes {
+    let mut s = String::with_capacity(size + 32);
+    s.push_str("{\"points\":[{\"id\":1,\"vector\":[");
+    let mut i = 0u32;
+    while s.len() + 16 < size {
+        s.push_str(&format!("0.{:04},", (i * 7919) % 10_000));
+        i += 1;
+    }
+    s.push_str("0.5]}]}");
+    Bytes::from(s)
+}
+
+/// A gRPC frame of about `size` bytes (uncompressed, opaque payload).
+fn grpc_body(size: usize) -> Bytes {
+    let payload: Vec<u8> = (0..size - 5).map(|i| (i * 31 % 251) as u8).collect();
+    Bytes::from(crate::client::grpc_frame(&payload))
+}
+
+/// Runs the terminator's CPU meter around `work`: CPU-seconds used while it ran.
+async fn cpu_during<T>(
+    t: &Terminator,
+    work: impl std::future::Future<Output = T>,
+) -> Result<(f64, T)> {
+    let before = t.cpu_seconds()?;
+    let out = work.await;
+    let after = t.cpu_seconds()?;
+    Ok((after - before, out))
+}
+
+/// Raises this process's open-file limit to its hard limit (10,000 idle connections need
+/// more descriptors than the usual soft limit).
+fn raise_nofile() -> u64 {
+    use nix::sys::resource::{getrlimit, setrlimit, Resource};
+    match getrlimit(Resource::RLIMIT_NOFILE) {
+        Ok((_, hard)) => {
+            let _ = setrlimit(Resource::RLIMIT_NOFILE, hard, hard);
+            hard
+        }
+        Err(_) => 0,
+    }
+}
+
+/// Runs the benchmark and writes `bench.md` and `bench.json` under `--out`.
+pub async fn execute(args: &BenchArgs, stop: CancellationToken) -> Result<BenchResult> {
+    let nofile = raise_nofile();
+    let max_idle = args.idle.iter().copied().max().unwrap_or(0) as u64;
+    if args.parts.contains(&Part::Idle) && nofile < max_idle + 1000 {
+        bail!("--idle {max_idle} needs more open files than this process may have ({nofile}): raise `ulimit -Hn`");
+    }
+    let peers: Vec<Peer> = args
+        .peers
+        .iter()
+        .filter(|p| p.as_str() != "none" && !p.is_empty())
+        .map(|p| match p.as_str() {
+            "nginx" => Ok(Peer::Nginx),
+            "haproxy" => Ok(Peer::Haproxy),
+            other => bail!("--peers: unknown peer {other:?} (nginx, haproxy or none)"),
+        })
+        .collect::<Result<_>>()?;
+    let proxy_bin = args
+        .proxy_bin
+        .clone()
+        .unwrap_or_else(|| sibling_binary("proxy"));
+    let work = args.out.join("work");
+    std::fs::create_dir_all(&work).with_context(|| format!("creating {}", work.display()))?;
+    let cert_dir = std::fs::canonicalize(&args.out)?.join("certs");
+    let set = generate_cert_set(&cert_dir, &args.algorithms, &[])?;
+    let certs = Certs {
+        dir: cert_dir,
+        ca: set.ca_cert.clone(),
+        algorithms: args.algorithms.clone(),
+    };
+    let clients = clients(&certs.ca)?;
+    let sink_stop = stop.child_token();
+    let sink = sink::start(sink_stop.clone()).await?;
+    eprintln!("sink on {sink}");
+
+    // Columns: our providers, then the peers.
+    let mut columns: Vec<String> = args
+        .providers
+        .iter()
+        .map(|p| format!("proxy {}", p.as_str()))
+        .collect();
+    let peer_bins: Vec<(Peer, Result<PathBuf>)> = peers
+        .iter()
+        .map(|&p| (p, terminators::ensure_installed(p)))
+        .collect();
+    columns.extend(peers.iter().map(|p| p.as_str().to_owned()));
+
+    let mut rows: BTreeMap<String, Row> = BTreeMap::new();
+    let mut order: Vec<String> = Vec::new();
+    let mut row = |key: String, unit: &str| -> String {
+        if !rows.contains_key(&key) {
+            order.push(key.clone());
+            rows.insert(key.clone(), Row::new(key.clone(), unit));
+        }
+        key
+    };
+    // Declare the rows in table order.
+    let mut keys = RowKeys::default();
+    if args.parts.contains(&Part::Handshake) {
+        for alg in &args.algorithms {
+            keys.handshake.push((
+                *alg,
+                row(
+                    format!("new TLS connection + tiny GET, {}", alg.as_str()),
+                    "us CPU",
+                ),
+                row(
+                    format!("  of which the in-memory handshake, {}", alg.as_str()),
+                    "us CPU",
+                ),
+                row(
+                    format!("  beyond the in-memory handshake, {}", alg.as_str()),
+                    "us CPU",
+                ),
+            ));
+        }
+    }
+    if args.parts.contains(&Part::Bulk) {
+        for (kind, name) in [
+            (
+                Bulk::H2Rest,
+                "keep-alive 763 KB JSON, h2 client -> HTTP/1.1 upstream",
+            ),
+            (
+                Bulk::H1Rest,
+                "keep-alive 763 KB JSON, HTTP/1.1 client -> HTTP/1.1 upstream",
+            ),
+            (Bulk::Grpc, "keep-alive 416 KB gRPC, h2 -> h2c upstream"),
+        ] {
+            keys.bulk
+                .push((kind, row(name.to_owned(), "ms CPU per MB")));
+        }
+    }
+    if args.parts.contains(&Part::Idle) {
+        for n in &args.idle {
+            keys.idle.push((
+                *n,
+                row(format!("RSS per idle TLS connection, {n} open"), "KiB"),
+                row(format!("RSS of {n} idle TLS connections"), "MiB"),
+            ));
+        }
+    }
+    if args.parts.contains(&Part::FirstResponse) {
+        keys.first_response = Some(row(
+            "first response after the handshake, client without TCP_NODELAY (median)".into(),
+            "ms",
+        ));
+    }
+    if args.parts.contains(&Part::Latency) {
+        keys.latency = Some((
+            row(
+                "mean time of one 800 KB h2 request at concurrency 1".into(),
+                "ms",
+            ),
+            row("  added over the direct path".into(), "ms"),
+        ));
+    }
+
+    let rest_body = json_body(REST_BODY);
+    let grpc_body = grpc_body(GRPC_BODY);
+    let latency_body = json_body(LATENCY_BODY);
+    let direct_latency = if keys.latency.is_some() {
+        let io = tokio::net::TcpStream::connect(sink).await?;
+        io.set_nodelay(true)?;
+        let mut sender = workloads::Sender::over(io, true).await?;
+        let d = workloads::mean_latency(
+            &mut sender,
+            &latency_body,
+            &sink.to_string(),
+            20,
+            args.latency_requests,
+            args.duration * 3,
+        )
+        .await
+        .context("the direct path to the sink")?;
+        eprintln!("direct path: {:.3} ms per 800 KB request", ms(d));
+        Some(d)
+    } else {
+        None
+    };
+
+    let policy = TlsPolicy {
+        resumption: false,
+        ..TlsPolicy::default()
+    };
+    let mut column_iter = Vec::new();
+    for p in &args.providers {
+        column_iter.push(Column::Ours(*p));
+    }
+    for (p, bin) in peer_bins {
+        column_iter.push(Column::Peer(p, bin));
+    }
+    for col in column_iter {
+        if stop.is_cancelled() {
+            break;
+        }
+        let label = match &col {
+            Column::Ours(p) => format!("proxy {}", p.as_str()),
+            Column::Peer(p, _) => p.as_str().to_owned(),
+        };
+        let started = match &col {
+            Column::Ours(p) => terminators::start_proxy(
+                &proxy_bin,
+                *p,
+                &certs,
+                sink,
+                &work,
+                args.proxy_worker_threads,
+            ),
+            Column::Peer(p, Ok(bin)) => terminators::start_peer(*p, bin, &certs, sink, &work),
+            Column::Peer(p, Err(e)) => Err(anyhow::anyhow!("{}: {e:#}", p.as_str())),
+        };
+        let mut t = match started {
+            Ok(t) => t,
+            Err(e) => {
+                eprintln!("{label}: not measured: {e:#}");
+                for r in rows.values_mut() {
+                    r.set(&label, Err(anyhow::anyhow!("did not start: {e:#}")));
+                }
+                continue;
+            }
+        };
+        eprintln!("{label}: pid {}", t.pid());
+        measure(
+            args,
+            &mut t,
+            &label,
+            &keys,
+            &mut rows,
+            &clients,
+            &certs,
+            &policy,
+            Bodies {
+                rest: &rest_body,
+                grpc: &grpc_body,
+                latency: &latency_body,
+            },
+            direct_latency,
+            &stop,
+        )
+        .await;
+        if !t.alive() {
+            eprintln!("{label}: died during the benchmark: {}", t.log_tail());
+        }
+        t.stop();
+    }
+    sink_stop.cancel();
+
+    let result = BenchResult {
+        columns,
+        rows: order.iter().filter_map(|k| rows.remove(k)).collect(),
+        settings: serde_json::json!({
+            "tls": "1.3", "kx": "x25519", "resumption": false,
+            "client": "rustls aws-lc-rs",
+            "duration_s": args.duration.as_secs_f64(), "warmup_s": args.warmup.as_secs_f64(),
+            "concurrency": args.concurrency, "bulk_connections": args.bulk_connections,
+            "idle": args.idle, "latency_requests": args.latency_requests,
+            "proxy_worker_threads": args.proxy_worker_threads,
+            "workers": "proxy worker_threads as given; nginx worker_processes 1; HAProxy nbthread 1",
+            "cpu": "user+system of the terminator's process tree from /proc",
+        }),
+        machine: {
+            let (cpu, cores, kernel) =
+                crate::probe::cpu::machine_facts(std::path::Path::new("/proc"));
+            serde_json::json!({"cpu": cpu, "cores": cores, "kernel": kernel})
+        },
+    };
+    let md = render(&result);
+    std::fs::write(args.out.join("bench.md"), &md)?;
+    std::fs::write(
+        args.out.join("bench.json"),
+        serde_json::to_string_pretty(&result)?,
+    )?;
+    Ok(result)
+}
+
+enum Column {
+    Ours(ProviderName),
+    Peer(Peer, Result<PathBuf>),
+}
+
+#[derive(Default)]
+struct RowKeys {
+    handshake: Vec<(CertAlgorithmName, String, String, String)>,
+    bulk: Vec<(Bulk, String)>,
+    idle: Vec<(usize, String, String)>,
+    first_response: Option<String>,
+    latency: Option<(String, String)>,
+}
+
+struct Bodies<'a> {
+    rest: &'a Bytes,
+    grpc: &'a Bytes,
+    latency: &'a Bytes,
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+/// Every row for one terminator.
+#[allow(clippy::too_many_arguments)]
+async fn measure(
+    args: &BenchArgs,
+    t: &mut Terminator,
+    label: &str,
+    keys: &RowKeys,
+    rows: &mut BTreeMap<String, Row>,
+    clients: &Clients,
+    certs: &Certs,
+    policy: &TlsPolicy,
+    bodies: Bodies<'_>,
+    direct_latency: Option<Duration>,
+    stop: &CancellationToken,
+) {
+    for (alg, key, mem_key, beyond_key) in &keys.handshake {
+        if stop.is_cancelled() {
+            return;
+        }
+        let addr = t.addrs[alg];
+        workloads::new_connections(addr, &clients.http1, args.concurrency, args.warmup).await;
+        let measured = cpu_during(
+            t,
+            workloads::new_connections(addr, &clients.http1, args.concurrency, args.duration),
+        )
+        .await;
+        let per_conn = match measured {
+            Ok((cpu, out)) if out.ok > 0 => {
+                rows.get_mut(key).expect("declared").work.insert(
+                    label.to_owned(),
+                    format!("{} connections, {} failed", out.ok, out.failed),
+                );
+                if let Some(e) = &out.first_error {
+                    eprintln!(
+                        "{label} {}: {} failed, first: {e}",
+                        alg.as_str(),
+                        out.failed
+                    );
+                }
+                Ok(cpu * 1e6 / out.ok as f64)
+            }
+            Ok((_, out)) => Err(anyhow::anyhow!(
+                "no connection succeeded: {}",
+                out.first_error.unwrap_or_default()
+            )),
+            Err(e) => Err(e),
+        };
+        eprintln!(
+            "{label} {}: {}",
+            alg.as_str(),
+            per_conn.as_ref().map_or_else(
+                |e| format!("{e:#}"),
+                |v| format!("{v:.0} us CPU per connection")
+            )
+        );
+        // Our providers: the same handshake in memory, server side only (the floor).
+        let in_memory = t.provider.map(|p| {
+            let (_, _, server) = proxy::tls::listener_tls(
+                p,
+                &certs.dir.join(format!("{}.crt", alg.as_str())),
+                &certs.dir.join(format!("{}.key", alg.as_str())),
+                policy,
+                &[],
+            )?;
+            let client = in_memory_client(&certs.ca)?;
+            let n = match alg {
+                CertAlgorithmName::Rsa4096 => 200,
+                _ => 1000,
+            };
+            let d = proxy::tls::measure::mean_server_handshake(&server, &client, n / 10, n)?;
+            Ok::<f64, anyhow::Error>(d.as_secs_f64() * 1e6)
+        });
+        match (&per_conn, in_memory) {
+            (_, None) => {
+                rows.get_mut(mem_key)
+                    .expect("declared")
+                    .set(label, Err(anyhow::anyhow!("not rustls")));
+                rows.get_mut(beyond_key)
+                    .expect("declared")
+                    .set(label, Err(anyhow::anyhow!("not rustls")));
+            }
+            (Ok(total), Some(Ok(mem))) => {
+                let total = *total;
+                rows.get_mut(mem_key).expect("declared").set(label, Ok(mem));
+                rows.get_mut(beyond_key)
+                    .expect("declared")
+                    .set(label, Ok(total - mem));
+            }
+            (Err(_), Some(Ok(mem))) => {
+                rows.get_mut(mem_key).expect("declared").set(label, Ok(mem));
+                rows.get_mut(beyond_key)
+                    .expect("declared")
+                    .set(label, Err(anyhow::anyhow!("no connection figure")));
+            }
+            (_, Some(Err(e))) => {
+                let msg = format!("{e:#}");
+                rows.get_mut(mem_key)
+                    .expect("declared")
+                    .set(label, Err(anyhow::anyhow!(msg.clone())));
+                rows.get_mut(beyond_key)
+                    .expect("declared")
+                    .set(label, Err(anyhow::anyhow!(msg)));
+            }
+        }
+        rows.get_mut(key).expect("declared").set(label, per_conn);
+    }
+
+    // The remaining rows use the P-256 listener (any certificate: no handshake is timed).
+    let Some(addr) = t
+        .addrs
+        .get(&CertAlgorithmName::EcdsaP256)
+        .or_else(|| t.addrs.values().next())
+        .copied()
+    else {
+        return;
+    };
+    for (kind, key) in &keys.bulk {
+        if stop.is_cancelled() {
+            return;
+        }
+        let body = if *kind == Bulk::Grpc {
+            bodies.grpc
+        } else {
+            bodies.rest
+        };
+        workloads::bulk(
+            addr,
+            clients,
+            *kind,
+            body.clone(),
+            args.bulk_connections,
+            args.warmup,
+        )
+        .await;
+        let measured = cpu_during(
+            t,
+            workloads::bulk(
+                addr,
+                clients,
+                *kind,
+                body.clone(),
+                args.bulk_connections,
+                args.duration,
+            ),
+        )
+        .await;
+        let figure = match measured {
+            Ok((cpu, out)) if out.ok > 0 => {
+                let mb = out.bytes as f64 / 1e6;
+                rows.get_mut(key).expect("declared").work.insert(
+                    label.to_owned(),
+                    format!("{} requests, {mb:.0} MB, {} failed", out.ok, out.failed),
+                );
+                if let Some(e) = &out.first_error {
+                    eprintln!("{label} {kind:?}: {} failed, first: {e}", out.failed);
+                }
+                Ok(cpu * 1e3 / mb)
+            }
+            Ok((_, out)) => Err(anyhow::anyhow!(
+                "no request succeeded: {}",
+                out.first_error.unwrap_or_default()
+            )),
+            Err(e) => Err(e),
+        };
+        eprintln!(
+            "{label} {kind:?}: {}",
+            figure
+                .as_ref()
+                .map_or_else(|e| format!("{e:#}"), |v| format!("{v:.3} ms CPU per MB"))
+        );
+        rows.get_mut(key).expect("declared").set(label, figure);
+    }
+
+    if !keys.idle.is_empty() && !stop.is_cancelled() {
+        let mut held = Vec::new();
+        // Settle first: memory freed by earlier rows must not count against idle connections.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let base = t.rss_kib();
+        let mut opened = 0usize;
+        for (n, per_key, total_key) in &keys.idle {
+            let figure = async {
+                let base = *base.as_ref().map_err(|e| anyhow::anyhow!("{e:#}"))?;
+                if *n > t.max_connections {
+                    bail!(
+                        "configured for at most {} connections (the open-file limit)",
+                        t.max_connections
+                    );
+                }
+                workloads::open_idle(addr, &clients.http1, n - opened, 32, &mut held).await?;
+                opened = *n;
+                tokio::time::sleep(Duration::from_millis(1000)).await;
+                let now = t.rss_kib()?;
+                Ok::<_, anyhow::Error>((now.saturating_sub(base)) as f64)
+            }
+            .await;
+            match figure {
+                Ok(delta_kib) => {
+                    eprintln!(
+                        "{label}: {n} idle connections: +{:.1} MiB",
+                        delta_kib / 1024.0
+                    );
+                    rows.get_mut(per_key)
+                        .expect("declared")
+                        .set(label, Ok(delta_kib / *n as f64));
+                    rows.get_mut(total_key)
+                        .expect("declared")
+                        .set(label, Ok(delta_kib / 1024.0));
+                }
+                Err(e) => {
+                    let msg = format!("{e:#}");
+                    eprintln!("{label}: {n} idle connections: {msg}");
+                    rows.get_mut(per_key)
+                        .expect("declared")
+                        .set(label, Err(anyhow::anyhow!(msg.clone())));
+                    rows.get_mut(total_key)
+                        .expect("declared")
+                        .set(label, Err(anyhow::anyhow!(msg)));
+                    break;
+                }
+            }
+        }
+        drop(held);
+        // Let the terminator see the closes before the next row.
+        tokio::time::sleep(Duration::from_millis(1000)).await;
+    }
+
+    if let Some(key) = &keys.first_response {
+        let mut delays = Vec::new();
+        let mut error = None;
+        for _ in 0..args.first_response_connections.max(1) {
+            if stop.is_cancelled() {
+                break;
+            }
+            match tokio::time::timeout(
+                Duration::from_secs(5),
+                workloads::tiny_request(addr, &clients.http1, false),
+            )
+            .await
+            {
+                Ok(Ok(d)) => delays.push(d),
+                Ok(Err(e)) => error = Some(e),
+                Err(_) => error = Some(anyhow::anyhow!("no answer within 5 s")),
+            }
+        }
+        delays.sort();
+        let figure = match delays.get(delays.len() / 2) {
+            Some(d) => Ok(ms(*d)),
+            None => Err(error.unwrap_or_else(|| anyhow::anyhow!("not measured"))),
+        };
+        eprintln!("{label}: first response {figure:?} ms (median)");
+        rows.get_mut(key).expect("declared").set(label, figure);
+    }
+
+    if let (Some((key, added_key)), Some(direct)) = (&keys.latency, direct_latency) {
+        let figure = async {
+            let mut sender = workloads::bulk_sender(addr, clients, Bulk::H2Rest).await?;
+            workloads::mean_latency(
+                &mut sender,
+                bodies.latency,
+                &format!("localhost:{}", addr.port()),
+                20,
+                args.latency_requests,
+                args.duration * 3,
+            )
+            .await
+        }
+        .await;
+        eprintln!("{label}: 800 KB at concurrency 1: {figure:?}");
+        match figure {
+            Ok(d) => {
+                rows.get_mut(key).expect("declared").set(label, Ok(ms(d)));
+                rows.get_mut(added_key)
+                    .expect("declared")
+                    .set(label, Ok(ms(d) - ms(direct)));
+            }
+            Err(e) => {
+                let msg = format!("{e:#}");
+                rows.get_mut(key)
+                    .expect("declared")
+                    .set(label, Err(anyhow::anyhow!(msg.clone())));
+                rows.get_mut(added_key)
+                    .expect("declared")
+                    .set(label, Err(anyhow::anyhow!(msg)));
+            }
+        }
+    }
+}
+
+fn in_memory_client(ca: &std::path::Path) -> Result<Arc<rustls::ClientConfig>> {
+    client_config(&TlsOptions {
+        provider: Provider::new(ProviderName::AwsLcRs, &[KxGroupName::X25519])?,
+        ca: Some(ca.to_owned()),
+        insecure: false,
+        versions: vec![&rustls::version::TLS13],
+        resumption: false,
+        alpn: Vec::new(),
+    })
+}
+
+/// The table: each figure with its ratio to nginx's in the same row (below 1.00x is
+/// cheaper or faster than nginx for every row here), then the notes for missing figures.
+pub fn render(result: &BenchResult) -> String {
+    let mut out = String::new();
+    out.push_str("| work | unit |");
+    for c in &result.columns {
+        out.push_str(&format!(" {c} |"));
+    }
+    out.push_str("\n|---|---|");
+    for _ in &result.columns {
+        out.push_str("---:|");
+    }
+    out.push('\n');
+    let mut notes = Vec::new();
+    for row in &result.rows {
+        out.push_str(&format!("| {} | {} |", row.name, row.unit));
+        let nginx = match row.figures.get("nginx") {
+            Some(Figure::Value(v)) if *v > 0.0 => Some(*v),
+            _ => None,
+        };
+        for c in &result.columns {
+            match row.figures.get(c) {
+                Some(Figure::Value(v)) => {
+                    let ratio = nginx
+                        .filter(|_| c != "nginx" && !row.name.starts_with("  "))
+                        .map(|n| format!(" ({:.2}x)", v / n))
+                        .unwrap_or_default();
+                    out.push_str(&format!(" {}{ratio} |", fmt_value(*v)));
+                }
+                Some(Figure::Missing { reason }) => {
+                    let note = format!("{c}: {reason}");
+                    if reason != "not rustls" && !notes.contains(&note) {
+                        notes.push(note);
+                    }
+                    out.push_str(" - |");
+                }
+                None => out.push_str(" - |"),
+            }
+        }
+        out.push('\n');
+    }
+    out.push_str(
+        "\nRatios are to nginx in the same row (below 1.00x: less CPU, memory or time than nginx). \
+         Each terminator runs as configured in `settings` of bench.json (one worker each by default); \
+         CPU is the terminator's user+system time over its whole process tree; the in-memory \
+         handshake is the same provider's server side of a full handshake with no sockets \
+         (rustls only).\n",
+    );
+    for n in notes {
+        out.push_str(&format!("- {n}\n"));
+    }
+    out
+}
+
+fn fmt_value(v: f64) -> String {
+    if v.abs() >= 100.0 {
+        format!("{v:.0}")
+    } else if v.abs() >= 10.0 {
+        format!("{v:.1}")
+    } else {
+        format!("{v:.2}")
+    }
+}

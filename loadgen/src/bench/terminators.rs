@@ -1,0 +1,472 @@
+//! The terminators under test, each started from its own private configuration on loopback
+//! ports with the same certificates and the same sink: our proxy (one process per provider,
+//! one listener per certificate algorithm), nginx and HAProxy (Debian's packages, one
+//! worker, one frontend per algorithm). Each one's CPU and memory are read from /proc over
+//! its whole process tree (nginx's master and worker alike).
+
+use std::collections::BTreeMap;
+use std::net::{SocketAddr, TcpListener};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, Context, Result};
+use proxy::crypto::{CertAlgorithmName, ProviderName};
+
+use crate::compare::procs::{tail, Managed};
+use crate::probe::cpu::{clock_ticks, parse_process_stat};
+
+/// TLS 1.3 suites in the order every terminator prefers, ours included (servers choose):
+/// the comparison is of terminators, not of ciphers.
+const SUITES: &str = "TLS_AES_128_GCM_SHA256:TLS_AES_256_GCM_SHA384:TLS_CHACHA20_POLY1305_SHA256";
+/// How long a peer may take to open its ports.
+const PEER_START_LIMIT: Duration = Duration::from_secs(20);
+/// Open connections each terminator must accept: the 10,000 idle ones and headroom.
+pub const MAX_CONNECTIONS: usize = 15_000;
+
+/// One started terminator.
+pub struct Terminator {
+    /// Column name: `proxy ring`, `nginx`, ...
+    pub label: String,
+    /// Our provider, for the in-memory handshake baseline; None for peers.
+    pub provider: Option<ProviderName>,
+    /// Listening address per certificate algorithm.
+    pub addrs: BTreeMap<CertAlgorithmName, SocketAddr>,
+    /// The most connections it was configured to hold open.
+    pub max_connections: usize,
+    process: Process,
+}
+
+enum Process {
+    Ours(Managed),
+    Peer(PeerChild),
+}
+
+/// A peer's process; killed if still running when dropped (an error path).
+struct PeerChild {
+    child: Child,
+    log: PathBuf,
+}
+
+impl PeerChild {
+    /// SIGTERM (a fast shutdown for nginx and HAProxy alike), a bounded wait, SIGKILL.
+    fn stop(&mut self) {
+        let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
+        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for PeerChild {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+impl Terminator {
+    /// The root process id: the proxy, nginx's master, HAProxy.
+    pub fn pid(&self) -> u32 {
+        match &self.process {
+            Process::Ours(m) => m.pid(),
+            Process::Peer(p) => p.child.id(),
+        }
+    }
+
+    /// User + system CPU seconds of the whole process tree.
+    pub fn cpu_seconds(&self) -> Result<f64> {
+        let mut ticks = 0u64;
+        for pid in process_tree(self.pid()) {
+            let text = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .with_context(|| format!("{}: /proc/{pid}/stat", self.label))?;
+            let (u, s) = parse_process_stat(&text)?;
+            ticks += u + s;
+        }
+        Ok(ticks as f64 / clock_ticks())
+    }
+
+    /// Resident memory of the whole process tree, in KiB.
+    pub fn rss_kib(&self) -> Result<u64> {
+        let mut kib = 0;
+        for pid in process_tree(self.pid()) {
+            let text = std::fs::read_to_string(format!("/proc/{pid}/status"))
+                .with_context(|| format!("{}: /proc/{pid}/status", self.label))?;
+            kib += text
+                .lines()
+                .find_map(|l| l.strip_prefix("VmRSS:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+                .unwrap_or(0);
+        }
+        Ok(kib)
+    }
+
+    /// Still running?
+    pub fn alive(&mut self) -> bool {
+        match &mut self.process {
+            Process::Ours(m) => matches!(m.child.try_wait(), Ok(None)),
+            Process::Peer(p) => matches!(p.child.try_wait(), Ok(None)),
+        }
+    }
+
+    /// The last lines of its log.
+    pub fn log_tail(&self) -> String {
+        match &self.process {
+            Process::Ours(m) => tail(&m.log),
+            Process::Peer(p) => tail(&p.log),
+        }
+    }
+
+    /// Stops it (SIGTERM, bounded wait, SIGKILL).
+    pub fn stop(self) {
+        match self.process {
+            Process::Ours(m) => {
+                let _ = m.stop();
+            }
+            Process::Peer(mut p) => p.stop(),
+        }
+    }
+}
+
+/// `root` and all its descendants, from /proc's parent links.
+fn process_tree(root: u32) -> Vec<u32> {
+    let mut parents: Vec<(u32, u32)> = Vec::new();
+    if let Ok(entries) = std::fs::read_dir("/proc") {
+        for e in entries.flatten() {
+            let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+                continue;
+            };
+            let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+                continue;
+            };
+            // ppid is the second field after the command name's closing parenthesis.
+            let ppid = stat
+                .rfind(')')
+                .and_then(|i| stat[i + 1..].split_whitespace().nth(1))
+                .and_then(|p| p.parse::<u32>().ok());
+            if let Some(ppid) = ppid {
+                parents.push((pid, ppid));
+            }
+        }
+    }
+    let mut tree = vec![root];
+    let mut i = 0;
+    while i < tree.len() {
+        let p = tree[i];
+        tree.extend(parents.iter().filter(|(_, pp)| *pp == p).map(|(c, _)| *c));
+        i += 1;
+    }
+    tree
+}
+
+/// Certificates per algorithm, as `gen-certs` writes them.
+pub struct Certs {
+    pub dir: PathBuf,
+    pub ca: PathBuf,
+    pub algorithms: Vec<CertAlgorithmName>,
+}
+
+impl Certs {
+    fn cert(&self, alg: CertAlgorithmName) -> PathBuf {
+        self.dir.join(format!("{}.crt", alg.as_str()))
+    }
+    fn key(&self, alg: CertAlgorithmName) -> PathBuf {
+        self.dir.join(format!("{}.key", alg.as_str()))
+    }
+}
+
+/// Our proxy with `provider`: one listener per algorithm, HTTP mode, resumption off,
+/// X25519, forwarding to `sink` (gRPC over h2c, the rest over HTTP/1.1).
+pub fn start_proxy(
+    binary: &Path,
+    provider: ProviderName,
+    certs: &Certs,
+    sink: SocketAddr,
+    work: &Path,
+    worker_threads: usize,
+) -> Result<Terminator> {
+    let mut toml = format!(
+        "provider = \"{}\"\nlog_level = \"warn\"\nworker_threads = {worker_threads}\n\
+         [limits]\nmax_connections = {MAX_CONNECTIONS}\nidle_timeout = \"10m\"\n\
+         [admin]\nlisten = \"127.0.0.1:0\"\n",
+        provider.as_str()
+    );
+    for alg in &certs.algorithms {
+        toml.push_str(&format!(
+            "[[listener]]\nname = \"{alg}\"\nlisten = \"127.0.0.1:0\"\ncert = \"{}\"\nkey = \"{}\"\n\
+             upstream = \"http://{sink}\"\n[listener.tls]\nmin_version = \"1.3\"\n\
+             kx_groups = [\"x25519\"]\nresumption = false\n",
+            certs.cert(*alg).display(),
+            certs.key(*alg).display(),
+            alg = alg.as_str(),
+        ));
+    }
+    let what = format!("proxy-{}", provider.as_str());
+    let config = work.join(format!("{what}.toml"));
+    std::fs::write(&config, toml).with_context(|| format!("writing {}", config.display()))?;
+    let mut cmd = Command::new(binary);
+    cmd.arg("run").arg("--config").arg(&config);
+    let managed = Managed::start(cmd, &what, work, None)?;
+    let listeners = managed
+        .ready
+        .get("listeners")
+        .and_then(|l| l.as_object())
+        .ok_or_else(|| anyhow!("{what}: ready file has no listeners"))?;
+    let mut addrs = BTreeMap::new();
+    for alg in &certs.algorithms {
+        let addr = listeners
+            .get(alg.as_str())
+            .and_then(|a| a.as_str())
+            .and_then(|a| a.parse().ok())
+            .ok_or_else(|| anyhow!("{what}: no listener {} in its ready file", alg.as_str()))?;
+        addrs.insert(*alg, addr);
+    }
+    Ok(Terminator {
+        label: format!("proxy {}", provider.as_str()),
+        provider: Some(provider),
+        addrs,
+        max_connections: MAX_CONNECTIONS,
+        process: Process::Ours(managed),
+    })
+}
+
+/// A peer terminator from Debian's packages.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Peer {
+    Nginx,
+    Haproxy,
+}
+
+impl Peer {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Nginx => "nginx",
+            Self::Haproxy => "haproxy",
+        }
+    }
+
+    fn binary(self) -> Option<PathBuf> {
+        let name = self.as_str();
+        [format!("/usr/sbin/{name}"), format!("/usr/bin/{name}")]
+            .into_iter()
+            .map(PathBuf::from)
+            .find(|p| p.is_file())
+    }
+
+    /// The Debian package that brings it.
+    fn package(self) -> &'static str {
+        match self {
+            Self::Nginx => "nginx",
+            Self::Haproxy => "haproxy",
+        }
+    }
+}
+
+/// The peer's binary, installed with apt-get when missing and running as root; an error
+/// that says what to install otherwise.
+pub fn ensure_installed(peer: Peer) -> Result<PathBuf> {
+    if let Some(path) = peer.binary() {
+        return Ok(path);
+    }
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    #[allow(unsafe_code)]
+    let root = unsafe { libc::geteuid() } == 0;
+    if !root {
+        bail!(
+            "{} is not installed: apt-get install {}",
+            peer.as_str(),
+            peer.package()
+        );
+    }
+    eprintln!("installing {} with apt-get", peer.package());
+    let run = |args: &[&str]| -> Result<()> {
+        let status = Command::new("apt-get")
+            .args(args)
+            .env("DEBIAN_FRONTEND", "noninteractive")
+            .stdout(Stdio::null())
+            .status()
+            .context("running apt-get")?;
+        if !status.success() {
+            bail!("apt-get {} failed ({status})", args.join(" "));
+        }
+        Ok(())
+    };
+    run(&["update", "-qq"])?;
+    run(&[
+        "install",
+        "-y",
+        "-qq",
+        "--no-install-recommends",
+        peer.package(),
+    ])?;
+    // The packages start their system services on the default ports; ours use private
+    // configurations, so the services are only in the way.
+    let _ = Command::new("systemctl")
+        .args(["stop", peer.as_str()])
+        .stderr(Stdio::null())
+        .status();
+    peer.binary()
+        .ok_or_else(|| anyhow!("{} still not found after apt-get", peer.as_str()))
+}
+
+/// This process's hard open-file limit: what a peer may raise its own limit to (it cannot
+/// go beyond it without CAP_SYS_RESOURCE, and HAProxy refuses to start if told to try).
+fn nofile_hard_limit() -> u64 {
+    nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
+        .map_or(4096, |(_, hard)| hard)
+}
+
+fn free_port() -> Result<u16> {
+    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+/// Starts a peer with one worker (nginx `worker_processes 1`, HAProxy `nbthread 1`), the
+/// same TLS policy as our listeners (TLS 1.3, X25519, no session cache, no tickets), one
+/// frontend per algorithm, REST to the sink over HTTP/1.1 keep-alive and gRPC over h2c.
+pub fn start_peer(
+    peer: Peer,
+    binary: &Path,
+    certs: &Certs,
+    sink: SocketAddr,
+    work: &Path,
+) -> Result<Terminator> {
+    let dir = work.join(peer.as_str());
+    std::fs::create_dir_all(&dir)?;
+    let mut addrs = BTreeMap::new();
+    for alg in &certs.algorithms {
+        addrs.insert(*alg, SocketAddr::from(([127, 0, 0, 1], free_port()?)));
+    }
+    let log = dir.join("stderr.log");
+    let mut cmd = Command::new(binary);
+    match peer {
+        Peer::Nginx => {
+            let conf = dir.join("nginx.conf");
+            std::fs::write(&conf, nginx_config(certs, sink, &addrs, &dir))?;
+            cmd.arg("-p")
+                .arg(&dir)
+                .arg("-c")
+                .arg(&conf)
+                .arg("-g")
+                .arg("daemon off;");
+        }
+        Peer::Haproxy => {
+            for alg in &certs.algorithms {
+                let mut pem = std::fs::read(certs.cert(*alg))?;
+                pem.extend(std::fs::read(certs.key(*alg))?);
+                std::fs::write(dir.join(format!("{}.pem", alg.as_str())), pem)?;
+            }
+            let conf = dir.join("haproxy.cfg");
+            std::fs::write(&conf, haproxy_config(sink, &addrs, &dir))?;
+            cmd.arg("-db").arg("-f").arg(&conf);
+        }
+    }
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log)?);
+    let mut child = cmd
+        .spawn()
+        .with_context(|| format!("starting {}", binary.display()))?;
+    let deadline = Instant::now() + PEER_START_LIMIT;
+    for addr in addrs.values() {
+        loop {
+            if std::net::TcpStream::connect(addr).is_ok() {
+                break;
+            }
+            if let Ok(Some(status)) = child.try_wait() {
+                bail!(
+                    "{} exited during start-up ({status}): {}",
+                    peer.as_str(),
+                    tail(&log)
+                );
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                bail!("{} did not open {addr}: {}", peer.as_str(), tail(&log));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+    Ok(Terminator {
+        label: peer.as_str().to_owned(),
+        provider: None,
+        addrs,
+        max_connections: match peer {
+            Peer::Nginx => MAX_CONNECTIONS,
+            Peer::Haproxy => haproxy_max_connections(),
+        },
+        process: Process::Peer(PeerChild { child, log }),
+    })
+}
+
+fn nginx_config(
+    certs: &Certs,
+    sink: SocketAddr,
+    addrs: &BTreeMap<CertAlgorithmName, SocketAddr>,
+    dir: &Path,
+) -> String {
+    let d = dir.display();
+    let mut servers = String::new();
+    for (alg, addr) in addrs {
+        servers.push_str(&format!(
+            "  server {{\n    listen {addr} ssl http2;\n    ssl_certificate {};\n    ssl_certificate_key {};\n\
+             \x20   location / {{ proxy_pass http://sink; }}\n    location /qdrant. {{ grpc_pass grpc://sink_grpc; }}\n  }}\n",
+            certs.cert(*alg).display(),
+            certs.key(*alg).display(),
+        ));
+    }
+    format!(
+        "worker_processes 1;\nworker_rlimit_nofile {nofile};\npid {d}/nginx.pid;\nerror_log {d}/error.log warn;\n\
+         events {{ worker_connections {conns}; }}\n\
+         http {{\n  access_log off;\n  client_body_temp_path {d}/body;\n  proxy_temp_path {d}/proxy;\n\
+         \x20 client_max_body_size 64m;\n  proxy_request_buffering off;\n  proxy_http_version 1.1;\n\
+         \x20 proxy_set_header Connection \"\";\n  keepalive_requests 1000000;\n  keepalive_timeout 600s;\n\
+         \x20 ssl_protocols TLSv1.3;\n  ssl_ecdh_curve X25519;\n  ssl_prefer_server_ciphers on;\n\
+         \x20 ssl_conf_command Ciphersuites {SUITES};\n  ssl_session_cache off;\n  ssl_session_tickets off;\n\
+         \x20 upstream sink {{ server {sink}; keepalive 64; }}\n  upstream sink_grpc {{ server {sink}; keepalive 64; }}\n\
+         {servers}}}\n",
+        nofile = nofile_hard_limit(),
+        conns = MAX_CONNECTIONS + 100,
+    )
+}
+
+/// HAProxy reserves two descriptors per connection (client and server side) and refuses
+/// to start when `maxconn` needs more than it may open, so its limit follows the hard
+/// open-file limit.
+fn haproxy_max_connections() -> usize {
+    (MAX_CONNECTIONS + 100).min((nofile_hard_limit() as usize).saturating_sub(300) / 2)
+}
+
+fn haproxy_config(
+    sink: SocketAddr,
+    addrs: &BTreeMap<CertAlgorithmName, SocketAddr>,
+    dir: &Path,
+) -> String {
+    let mut frontends = String::new();
+    for (alg, addr) in addrs {
+        frontends.push_str(&format!(
+            "frontend fe_{name}\n  bind {addr} ssl crt {d}/{name}.pem alpn h2,http/1.1 ssl-min-ver TLSv1.3 curves X25519 no-tls-tickets\n\
+             \x20 use_backend grpc if {{ req.hdr(content-type) -m beg application/grpc }}\n  default_backend rest\n",
+            name = alg.as_str(),
+            d = dir.display(),
+        ));
+    }
+    format!(
+        "global\n  nbthread 1\n  ulimit-n {nofile}\n  maxconn {conns}\n  tune.ssl.cachesize 0\n\
+         \x20 ssl-default-bind-ciphersuites {SUITES}\n\
+         defaults\n  mode http\n  maxconn {conns}\n  timeout connect 5s\n  timeout client 600s\n  timeout server 60s\n\
+         \x20 timeout http-keep-alive 600s\n  http-reuse always\n\
+         {frontends}backend rest\n  server s1 {sink}\nbackend grpc\n  server s1 {sink} proto h2\n",
+        conns = haproxy_max_connections(),
+        nofile = nofile_hard_limit(),
+    )
+}

@@ -1,0 +1,370 @@
+//! What the benchmark asks of each terminator, one kind of work at a time: a new TLS
+//! connection per tiny request, keep-alive bulk uploads (HTTP/1.1, h2, gRPC), idle
+//! connections held open, the first response after the handshake from a client that keeps
+//! Nagle on, and one large request at a time. Every loop is bounded in time and count.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, Context, Result};
+use bytes::Bytes;
+use http::{Request, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper::client::conn::{http1, http2};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use rustls::pki_types::ServerName;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio_rustls::client::TlsStream;
+use tokio_rustls::TlsConnector;
+
+use super::H2_WINDOW;
+
+/// The tiny request of the new-connection row: the answer is a few bytes.
+const TINY_REQUEST: &[u8] = b"GET /tiny HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n";
+/// How long one idle connection's handshake may take (a terminator at its connection
+/// limit leaves the rest waiting in its accept queue).
+const IDLE_CONNECT_LIMIT: Duration = Duration::from_secs(10);
+/// Most connections a loop may open, whatever the duration: a bound on a runaway loop.
+const MAX_CONNECTIONS_PER_LOOP: u64 = 1_000_000;
+
+/// Successes and failures of one loop, with the first failure's message.
+#[derive(Debug, Default)]
+pub struct Outcome {
+    pub ok: u64,
+    pub failed: u64,
+    pub bytes: u64,
+    pub first_error: Option<String>,
+}
+
+impl Outcome {
+    fn merge(&mut self, other: Outcome) {
+        self.ok += other.ok;
+        self.failed += other.failed;
+        self.bytes += other.bytes;
+        if self.first_error.is_none() {
+            self.first_error = other.first_error;
+        }
+    }
+
+    fn fail(&mut self, e: anyhow::Error) {
+        self.failed += 1;
+        if self.first_error.is_none() {
+            self.first_error = Some(format!("{e:#}"));
+        }
+    }
+}
+
+/// The outcomes of a loop's client tasks, added up.
+async fn join(tasks: Vec<tokio::task::JoinHandle<Outcome>>) -> Outcome {
+    let mut total = Outcome::default();
+    for t in tasks {
+        if let Ok(o) = t.await {
+            total.merge(o);
+        }
+    }
+    total
+}
+
+/// TLS client configurations for the two ALPN offers the rows need.
+#[derive(Clone)]
+pub struct Clients {
+    pub http1: TlsConnector,
+    pub h2: TlsConnector,
+}
+
+fn server_name() -> ServerName<'static> {
+    ServerName::try_from("localhost").expect("a valid DNS name")
+}
+
+async fn tls_connect(
+    addr: SocketAddr,
+    connector: &TlsConnector,
+    nodelay: bool,
+) -> Result<TlsStream<TcpStream>> {
+    let tcp = TcpStream::connect(addr)
+        .await
+        .with_context(|| format!("connect {addr}"))?;
+    tcp.set_nodelay(nodelay)?;
+    connector
+        .connect(server_name(), tcp)
+        .await
+        .context("TLS handshake")
+}
+
+/// One new connection, one tiny GET, read to the end. Returns the time from the end of the
+/// handshake to the first byte of the answer.
+pub async fn tiny_request(
+    addr: SocketAddr,
+    connector: &TlsConnector,
+    nodelay: bool,
+) -> Result<Duration> {
+    let mut tls = tls_connect(addr, connector, nodelay).await?;
+    let sent = Instant::now();
+    tls.write_all(TINY_REQUEST).await?;
+    tls.flush().await?;
+    let mut buf = [0u8; 1024];
+    let n = tls.read(&mut buf).await.context("reading the answer")?;
+    let first_byte = sent.elapsed();
+    if !buf[..n].starts_with(b"HTTP/1.1 200") {
+        bail!(
+            "unexpected answer: {:?}",
+            String::from_utf8_lossy(&buf[..n.min(80)])
+        );
+    }
+    // Read to the end: the server closes after the answer (Connection: close). A close
+    // without close_notify is the server's business, not a failed request.
+    loop {
+        match tls.read(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(_) => {}
+        }
+    }
+    Ok(first_byte)
+}
+
+/// `concurrency` clients each opening a new connection per tiny request until `duration`.
+pub async fn new_connections(
+    addr: SocketAddr,
+    connector: &TlsConnector,
+    concurrency: usize,
+    duration: Duration,
+) -> Outcome {
+    let deadline = Instant::now() + duration;
+    let started = Arc::new(AtomicU64::new(0));
+    let mut tasks = Vec::with_capacity(concurrency);
+    for _ in 0..concurrency.max(1) {
+        let connector = connector.clone();
+        let started = started.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut out = Outcome::default();
+            while Instant::now() < deadline
+                && started.fetch_add(1, Ordering::Relaxed) < MAX_CONNECTIONS_PER_LOOP
+            {
+                match tokio::time::timeout(IDLE_CONNECT_LIMIT, tiny_request(addr, &connector, true))
+                    .await
+                {
+                    Ok(Ok(_)) => out.ok += 1,
+                    Ok(Err(e)) => out.fail(e),
+                    Err(_) => out.fail(anyhow!("no answer within {IDLE_CONNECT_LIMIT:?}")),
+                }
+            }
+            out
+        }));
+    }
+    join(tasks).await
+}
+
+/// Bulk request kinds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Bulk {
+    /// REST JSON over HTTP/2 (the terminator forwards over HTTP/1.1).
+    H2Rest,
+    /// REST JSON over HTTP/1.1.
+    H1Rest,
+    /// gRPC over HTTP/2 (the terminator forwards over h2c).
+    Grpc,
+}
+
+/// A ready-to-use request sender on one connection.
+pub enum Sender {
+    H1(http1::SendRequest<Full<Bytes>>),
+    H2(http2::SendRequest<Full<Bytes>>),
+}
+
+impl Sender {
+    /// HTTP/1.1 or HTTP/2 (prior knowledge) over `io`; the connection is driven by a task.
+    pub async fn over<IO>(io: IO, h2: bool) -> Result<Self>
+    where
+        IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    {
+        let io = TokioIo::new(io);
+        if h2 {
+            let (send, conn) = http2::Builder::new(TokioExecutor::new())
+                .initial_stream_window_size(H2_WINDOW)
+                .initial_connection_window_size(H2_WINDOW * 4)
+                .handshake(io)
+                .await?;
+            tokio::spawn(conn);
+            Ok(Self::H2(send))
+        } else {
+            let (send, conn) = http1::handshake(io).await?;
+            tokio::spawn(conn);
+            Ok(Self::H1(send))
+        }
+    }
+
+    /// Sends one request and reads the whole answer; gRPC answers must end in status 0.
+    pub async fn exchange(&mut self, req: Request<Full<Bytes>>, grpc: bool) -> Result<()> {
+        let resp = match self {
+            Self::H1(s) => {
+                s.ready().await?;
+                s.send_request(req).await?
+            }
+            Self::H2(s) => {
+                s.ready().await?;
+                s.send_request(req).await?
+            }
+        };
+        if resp.status() != StatusCode::OK {
+            bail!("HTTP {}", resp.status());
+        }
+        let collected = resp.into_body().collect().await?;
+        if grpc {
+            let status = collected
+                .trailers()
+                .and_then(|t| t.get("grpc-status"))
+                .map(|v| v.as_bytes().to_vec());
+            if status.as_deref() != Some(b"0") {
+                bail!(
+                    "gRPC status {:?}",
+                    status.as_deref().map(String::from_utf8_lossy)
+                );
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The request of a bulk row. `h2` chooses the URI form (HTTP/2 needs scheme and authority).
+pub fn bulk_request(kind: Bulk, body: &Bytes, authority: &str) -> Request<Full<Bytes>> {
+    let grpc = kind == Bulk::Grpc;
+    let path = if grpc {
+        "/qdrant.Points/Upsert"
+    } else {
+        "/collections/bench/points?wait=true"
+    };
+    let mut b = Request::post(format!("http://{authority}{path}"));
+    if kind == Bulk::H1Rest {
+        b = b.header(http::header::HOST, authority);
+    }
+    if grpc {
+        b = b
+            .header(http::header::CONTENT_TYPE, "application/grpc")
+            .header(http::header::TE, "trailers");
+    } else {
+        b = b.header(http::header::CONTENT_TYPE, "application/json");
+    }
+    b.header(http::header::CONTENT_LENGTH, body.len())
+        .body(Full::new(body.clone()))
+        .expect("static request parts are valid")
+}
+
+/// Opens a keep-alive TLS connection to `addr` for `kind`.
+pub async fn bulk_sender(addr: SocketAddr, clients: &Clients, kind: Bulk) -> Result<Sender> {
+    let h2 = kind != Bulk::H1Rest;
+    let connector = if h2 { &clients.h2 } else { &clients.http1 };
+    let tls = tls_connect(addr, connector, true).await?;
+    let negotiated_h2 = tls.get_ref().1.alpn_protocol() == Some(b"h2");
+    if negotiated_h2 != h2 {
+        bail!(
+            "ALPN: asked for {}, got the other",
+            if h2 { "h2" } else { "http/1.1" }
+        );
+    }
+    Sender::over(tls, h2).await
+}
+
+/// `connections` keep-alive connections, each sending `kind` requests one after another
+/// until `duration`. `bytes` counts request bodies sent and answered.
+pub async fn bulk(
+    addr: SocketAddr,
+    clients: &Clients,
+    kind: Bulk,
+    body: Bytes,
+    connections: usize,
+    duration: Duration,
+) -> Outcome {
+    let deadline = Instant::now() + duration;
+    let mut tasks = Vec::new();
+    for _ in 0..connections.max(1) {
+        let clients = clients.clone();
+        let body = body.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut out = Outcome::default();
+            let mut sender = match bulk_sender(addr, &clients, kind).await {
+                Ok(s) => s,
+                Err(e) => {
+                    out.fail(e);
+                    return out;
+                }
+            };
+            let authority = format!("localhost:{}", addr.port());
+            while Instant::now() < deadline {
+                let req = bulk_request(kind, &body, &authority);
+                match sender.exchange(req, kind == Bulk::Grpc).await {
+                    Ok(()) => {
+                        out.ok += 1;
+                        out.bytes += body.len() as u64;
+                    }
+                    Err(e) => {
+                        out.fail(e);
+                        break;
+                    }
+                }
+            }
+            out
+        }));
+    }
+    join(tasks).await
+}
+
+/// Mean time of one request at concurrency 1 over `sender`, after `warmup` unmeasured ones;
+/// at most `count` requests and `limit` time.
+pub async fn mean_latency(
+    sender: &mut Sender,
+    body: &Bytes,
+    authority: &str,
+    warmup: usize,
+    count: usize,
+    limit: Duration,
+) -> Result<Duration> {
+    for _ in 0..warmup {
+        sender
+            .exchange(bulk_request(Bulk::H2Rest, body, authority), false)
+            .await?;
+    }
+    let deadline = Instant::now() + limit;
+    let started = Instant::now();
+    let mut done = 0u32;
+    while (done as usize) < count && Instant::now() < deadline {
+        sender
+            .exchange(bulk_request(Bulk::H2Rest, body, authority), false)
+            .await?;
+        done += 1;
+    }
+    if done == 0 {
+        return Err(anyhow!("no request finished within {limit:?}"));
+    }
+    Ok(started.elapsed() / done)
+}
+
+/// Opens `count` TLS connections (handshake done, no request) and keeps them; at most
+/// `parallel` handshakes at a time.
+pub async fn open_idle(
+    addr: SocketAddr,
+    connector: &TlsConnector,
+    count: usize,
+    parallel: usize,
+    held: &mut Vec<TlsStream<TcpStream>>,
+) -> Result<()> {
+    let sem = Arc::new(tokio::sync::Semaphore::new(parallel.max(1)));
+    let mut tasks = Vec::with_capacity(count);
+    for _ in 0..count {
+        let permit = sem.clone().acquire_owned().await?;
+        let connector = connector.clone();
+        tasks.push(tokio::spawn(async move {
+            let r = tokio::time::timeout(IDLE_CONNECT_LIMIT, tls_connect(addr, &connector, true))
+                .await
+                .unwrap_or_else(|_| Err(anyhow!("no handshake within {IDLE_CONNECT_LIMIT:?}")));
+            drop(permit);
+            r
+        }));
+    }
+    for t in tasks {
+        held.push(t.await??);
+    }
+    Ok(())
+}

@@ -223,3 +223,53 @@ async fn beyond_max_connections_new_connections_wait_instead_of_failing() {
         Some(2.0)
     );
 }
+
+/// An HTTP/1.1 connection that completes its handshake holds no HTTP state until its first
+/// request bytes arrive (see `server::first_request_bytes`); it must still be closed by the
+/// idle timeout, and a request that comes late, or from a client that keeps Nagle on, must
+/// still be answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_connection_is_closed_after_the_idle_timeout_and_a_late_request_is_served() {
+    let upstream = EchoUpstream::start();
+    let proxy = ProxyProcess::start(
+        &upstream.url(),
+        ProviderName::AwsLcRs,
+        CertAlgorithmName::EcdsaP256,
+        &["--idle-timeout", "1s"],
+    );
+    let cfg = client_config(&ClientOpts::default());
+
+    // Silent after the handshake: closed by the idle timeout, not before it.
+    let mut silent = tls_connect(proxy.addr, cfg.clone()).await.unwrap();
+    let started = Instant::now();
+    let mut buf = [0u8; 256];
+    let closed = tokio::time::timeout(WAIT, silent.read(&mut buf)).await;
+    assert!(
+        matches!(closed, Ok(Ok(0)) | Ok(Err(_))),
+        "expected a close, got {closed:?}"
+    );
+    let after = started.elapsed();
+    assert!(
+        after >= Duration::from_millis(900),
+        "closed after {after:?}"
+    );
+
+    // A request 300 ms after the handshake, from a client with Nagle on.
+    let tcp = TcpStream::connect(proxy.addr).await.unwrap();
+    tcp.set_nodelay(false).unwrap();
+    let mut late = tokio_rustls::TlsConnector::from(cfg)
+        .connect(
+            rustls::pki_types::ServerName::try_from("localhost").unwrap(),
+            tcp,
+        )
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    late.write_all(b"GET /late HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let mut answer = Vec::new();
+    let _ = tokio::time::timeout(WAIT, late.read_to_end(&mut answer)).await;
+    let text = String::from_utf8_lossy(&answer);
+    assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+}

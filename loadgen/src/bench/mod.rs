@@ -39,6 +39,9 @@ pub const H2_WINDOW: u32 = 4 * 1024 * 1024;
 
 /// Body sizes of the bulk rows: an UPSERT_100 of 1024-d vectors as REST JSON (763 KB) and
 /// as gRPC protobuf (416 KB), and the 800 KB upsert of the latency row.
+/// Why a peer has no in-memory handshake figure (rendered as a dash, not as a note).
+const NOT_RUSTLS: &str = "not rustls";
+
 const REST_BODY: usize = 763 * 1024;
 const GRPC_BODY: usize = 416 * 1024;
 const LATENCY_BODY: usize = 800 * 1024;
@@ -159,6 +162,30 @@ impl Row {
     }
 }
 
+/// The table's rows by name, declared before anything is measured.
+type Rows = BTreeMap<String, Row>;
+
+/// Sets `column`'s figure in the row `key`.
+fn put(rows: &mut Rows, key: &str, column: &str, figure: Result<f64>) {
+    if let Some(row) = rows.get_mut(key) {
+        row.set(column, figure);
+    }
+}
+
+/// The same reason for several rows of one column.
+fn put_missing(rows: &mut Rows, keys: &[&String], column: &str, reason: &str) {
+    for key in keys {
+        put(rows, key, column, Err(anyhow::anyhow!("{reason}")));
+    }
+}
+
+/// Records the work behind `column`'s figure in the row `key`.
+fn note_work(rows: &mut Rows, key: &str, column: &str, work: String) {
+    if let Some(row) = rows.get_mut(key) {
+        row.work.insert(column.to_owned(), work);
+    }
+}
+
 /// What a run of the benchmark measured.
 #[derive(Debug, Serialize)]
 pub struct BenchResult {
@@ -276,7 +303,7 @@ pub async fn execute(args: &BenchArgs, stop: CancellationToken) -> Result<BenchR
         .collect();
     columns.extend(peers.iter().map(|p| p.as_str().to_owned()));
 
-    let mut rows: BTreeMap<String, Row> = BTreeMap::new();
+    let mut rows = Rows::new();
     let mut order: Vec<String> = Vec::new();
     let mut row = |key: String, unit: &str| -> String {
         if !rows.contains_key(&key) {
@@ -496,7 +523,7 @@ async fn measure(
     t: &mut Terminator,
     label: &str,
     keys: &RowKeys,
-    rows: &mut BTreeMap<String, Row>,
+    rows: &mut Rows,
     clients: &Clients,
     certs: &Certs,
     policy: &TlsPolicy,
@@ -517,8 +544,10 @@ async fn measure(
         .await;
         let per_conn = match measured {
             Ok((cpu, out)) if out.ok > 0 => {
-                rows.get_mut(key).expect("declared").work.insert(
-                    label.to_owned(),
+                note_work(
+                    rows,
+                    key,
+                    label,
                     format!("{} connections, {} failed", out.ok, out.failed),
                 );
                 if let Some(e) = &out.first_error {
@@ -563,37 +592,28 @@ async fn measure(
         });
         match (&per_conn, in_memory) {
             (_, None) => {
-                rows.get_mut(mem_key)
-                    .expect("declared")
-                    .set(label, Err(anyhow::anyhow!("not rustls")));
-                rows.get_mut(beyond_key)
-                    .expect("declared")
-                    .set(label, Err(anyhow::anyhow!("not rustls")));
+                put_missing(rows, &[mem_key, beyond_key], label, NOT_RUSTLS);
             }
             (Ok(total), Some(Ok(mem))) => {
                 let total = *total;
-                rows.get_mut(mem_key).expect("declared").set(label, Ok(mem));
-                rows.get_mut(beyond_key)
-                    .expect("declared")
-                    .set(label, Ok(total - mem));
+                put(rows, mem_key, label, Ok(mem));
+                put(rows, beyond_key, label, Ok(total - mem));
             }
             (Err(_), Some(Ok(mem))) => {
-                rows.get_mut(mem_key).expect("declared").set(label, Ok(mem));
-                rows.get_mut(beyond_key)
-                    .expect("declared")
-                    .set(label, Err(anyhow::anyhow!("no connection figure")));
+                put(rows, mem_key, label, Ok(mem));
+                put(
+                    rows,
+                    beyond_key,
+                    label,
+                    Err(anyhow::anyhow!("no connection figure")),
+                );
             }
             (_, Some(Err(e))) => {
                 let msg = format!("{e:#}");
-                rows.get_mut(mem_key)
-                    .expect("declared")
-                    .set(label, Err(anyhow::anyhow!(msg.clone())));
-                rows.get_mut(beyond_key)
-                    .expect("declared")
-                    .set(label, Err(anyhow::anyhow!(msg)));
+                put_missing(rows, &[mem_key, beyond_key], label, &msg);
             }
         }
-        rows.get_mut(key).expect("declared").set(label, per_conn);
+        put(rows, key, label, per_conn);
     }
 
     // The remaining rows use the P-256 listener (any certificate: no handshake is timed).
@@ -638,8 +658,10 @@ async fn measure(
         let figure = match measured {
             Ok((cpu, out)) if out.ok > 0 => {
                 let mb = out.bytes as f64 / 1e6;
-                rows.get_mut(key).expect("declared").work.insert(
-                    label.to_owned(),
+                note_work(
+                    rows,
+                    key,
+                    label,
                     format!("{} requests, {mb:.0} MB, {} failed", out.ok, out.failed),
                 );
                 if let Some(e) = &out.first_error {
@@ -659,7 +681,7 @@ async fn measure(
                 .as_ref()
                 .map_or_else(|e| format!("{e:#}"), |v| format!("{v:.3} ms CPU per MB"))
         );
-        rows.get_mut(key).expect("declared").set(label, figure);
+        put(rows, key, label, figure);
     }
 
     if !keys.idle.is_empty() && !stop.is_cancelled() {
@@ -690,22 +712,13 @@ async fn measure(
                         "{label}: {n} idle connections: +{:.1} MiB",
                         delta_kib / 1024.0
                     );
-                    rows.get_mut(per_key)
-                        .expect("declared")
-                        .set(label, Ok(delta_kib / *n as f64));
-                    rows.get_mut(total_key)
-                        .expect("declared")
-                        .set(label, Ok(delta_kib / 1024.0));
+                    put(rows, per_key, label, Ok(delta_kib / *n as f64));
+                    put(rows, total_key, label, Ok(delta_kib / 1024.0));
                 }
                 Err(e) => {
                     let msg = format!("{e:#}");
                     eprintln!("{label}: {n} idle connections: {msg}");
-                    rows.get_mut(per_key)
-                        .expect("declared")
-                        .set(label, Err(anyhow::anyhow!(msg.clone())));
-                    rows.get_mut(total_key)
-                        .expect("declared")
-                        .set(label, Err(anyhow::anyhow!(msg)));
+                    put_missing(rows, &[per_key, total_key], label, &msg);
                     break;
                 }
             }
@@ -739,7 +752,7 @@ async fn measure(
             None => Err(error.unwrap_or_else(|| anyhow::anyhow!("not measured"))),
         };
         eprintln!("{label}: first response {figure:?} ms (median)");
-        rows.get_mut(key).expect("declared").set(label, figure);
+        put(rows, key, label, figure);
     }
 
     if let (Some((key, added_key)), Some(direct)) = (&keys.latency, direct_latency) {
@@ -759,19 +772,12 @@ async fn measure(
         eprintln!("{label}: 800 KB at concurrency 1: {figure:?}");
         match figure {
             Ok(d) => {
-                rows.get_mut(key).expect("declared").set(label, Ok(ms(d)));
-                rows.get_mut(added_key)
-                    .expect("declared")
-                    .set(label, Ok(ms(d) - ms(direct)));
+                put(rows, key, label, Ok(ms(d)));
+                put(rows, added_key, label, Ok(ms(d) - ms(direct)));
             }
             Err(e) => {
                 let msg = format!("{e:#}");
-                rows.get_mut(key)
-                    .expect("declared")
-                    .set(label, Err(anyhow::anyhow!(msg.clone())));
-                rows.get_mut(added_key)
-                    .expect("declared")
-                    .set(label, Err(anyhow::anyhow!(msg)));
+                put_missing(rows, &[key, added_key], label, &msg);
             }
         }
     }
@@ -819,7 +825,7 @@ pub fn render(result: &BenchResult) -> String {
                 }
                 Some(Figure::Missing { reason }) => {
                     let note = format!("{c}: {reason}");
-                    if reason != "not rustls" && !notes.contains(&note) {
+                    if reason != NOT_RUSTLS && !notes.contains(&note) {
                         notes.push(note);
                     }
                     out.push_str(" - |");

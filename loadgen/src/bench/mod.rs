@@ -114,6 +114,11 @@ pub struct BenchArgs {
     /// per unit of work; 0 is the proxy's own default, one per CPU.
     #[arg(long, default_value_t = 1)]
     pub proxy_worker_threads: usize,
+    /// Rounds: every terminator is measured once per round, interleaved; each figure is
+    /// the median over the rounds, every round's value in bench.json (idle memory is
+    /// measured in the first round only).
+    #[arg(long, default_value_t = 1)]
+    pub repeat: usize,
     /// Where the table (bench.md), the figures (bench.json) and the logs go.
     #[arg(long, default_value = "results/bench")]
     pub out: PathBuf,
@@ -132,10 +137,15 @@ pub enum Figure {
 pub struct Row {
     pub name: String,
     pub unit: String,
-    /// Column label -> figure.
+    /// Column label -> figure (the median over the rounds).
     pub figures: BTreeMap<String, Figure>,
+    /// Column label -> every round's value, in round order.
+    pub rounds: BTreeMap<String, Vec<f64>>,
     /// Work done per column (connections, MB, requests), for the reader's judgement.
     pub work: BTreeMap<String, String>,
+    /// The first reason a round had no value, per column.
+    #[serde(skip)]
+    errors: BTreeMap<String, String>,
 }
 
 impl Row {
@@ -144,21 +154,59 @@ impl Row {
             name: name.into(),
             unit: unit.to_owned(),
             figures: BTreeMap::new(),
+            rounds: BTreeMap::new(),
             work: BTreeMap::new(),
+            errors: BTreeMap::new(),
         }
     }
 
+    /// One round's value for `column`, or why there is none.
     fn set(&mut self, column: &str, figure: Result<f64>) {
-        let f = match figure {
-            Ok(v) if v.is_finite() => Figure::Value(v),
-            Ok(v) => Figure::Missing {
-                reason: format!("not a number ({v})"),
-            },
-            Err(e) => Figure::Missing {
-                reason: format!("{e:#}"),
-            },
-        };
-        self.figures.insert(column.to_owned(), f);
+        match figure {
+            Ok(v) if v.is_finite() => self.rounds.entry(column.to_owned()).or_default().push(v),
+            Ok(v) => {
+                self.errors
+                    .entry(column.to_owned())
+                    .or_insert_with(|| format!("not a number ({v})"));
+            }
+            Err(e) => {
+                self.errors
+                    .entry(column.to_owned())
+                    .or_insert_with(|| format!("{e:#}"));
+            }
+        }
+    }
+
+    /// The figures: each column's median over its rounds, or the first reason it has none.
+    fn finish(mut self) -> Self {
+        let columns: std::collections::BTreeSet<String> = self
+            .rounds
+            .keys()
+            .chain(self.errors.keys())
+            .cloned()
+            .collect();
+        for c in columns {
+            let figure = match self.rounds.get(&c) {
+                Some(values) if !values.is_empty() => Figure::Value(median(values)),
+                _ => Figure::Missing {
+                    reason: self.errors.get(&c).cloned().unwrap_or_default(),
+                },
+            };
+            self.figures.insert(c, figure);
+        }
+        self
+    }
+}
+
+/// The median (the mean of the middle two for an even count).
+fn median(values: &[f64]) -> f64 {
+    let mut v = values.to_vec();
+    v.sort_by(f64::total_cmp);
+    let mid = v.len() / 2;
+    if v.len().is_multiple_of(2) {
+        (v[mid - 1] + v[mid]) / 2.0
+    } else {
+        v[mid]
     }
 }
 
@@ -408,15 +456,16 @@ pub async fn execute(args: &BenchArgs, stop: CancellationToken) -> Result<BenchR
     for (p, bin) in peer_bins {
         column_iter.push(Column::Peer(p, bin));
     }
+    // Every terminator is started first and measured in interleaved rounds (each once per
+    // round), so drift on a shared machine hits every column alike; an idle terminator
+    // costs nothing meanwhile.
+    let mut started: Vec<(String, Option<Terminator>)> = Vec::new();
     for col in column_iter {
-        if stop.is_cancelled() {
-            break;
-        }
         let label = match &col {
             Column::Ours(p) => format!("proxy {}", p.as_str()),
             Column::Peer(p, _) => p.as_str().to_owned(),
         };
-        let started = match &col {
+        let t = match &col {
             Column::Ours(p) => terminators::start_proxy(
                 &proxy_bin,
                 *p,
@@ -428,49 +477,74 @@ pub async fn execute(args: &BenchArgs, stop: CancellationToken) -> Result<BenchR
             Column::Peer(p, Ok(bin)) => terminators::start_peer(*p, bin, &certs, sink, &work),
             Column::Peer(p, Err(e)) => Err(anyhow::anyhow!("{}: {e:#}", p.as_str())),
         };
-        let mut t = match started {
-            Ok(t) => t,
+        match t {
+            Ok(t) => {
+                eprintln!("{label}: pid {}", t.pid());
+                started.push((label, Some(t)));
+            }
             Err(e) => {
                 eprintln!("{label}: not measured: {e:#}");
                 for r in rows.values_mut() {
                     r.set(&label, Err(anyhow::anyhow!("did not start: {e:#}")));
                 }
+                started.push((label, None));
+            }
+        }
+    }
+    for round in 1..=args.repeat.max(1) {
+        if args.repeat > 1 {
+            eprintln!("round {round} of {}", args.repeat);
+        }
+        for (label, t) in started.iter_mut() {
+            let Some(t) = t.as_mut() else { continue };
+            if stop.is_cancelled() || !t.alive() {
                 continue;
             }
-        };
-        eprintln!("{label}: pid {}", t.pid());
-        measure(
-            args,
-            &mut t,
-            &label,
-            &keys,
-            &mut rows,
-            &clients,
-            &certs,
-            &policy,
-            Bodies {
-                rest: &rest_body,
-                grpc: &grpc_body,
-                latency: &latency_body,
-            },
-            direct_latency,
-            &stop,
-        )
-        .await;
-        if !t.alive() {
-            eprintln!("{label}: died during the benchmark: {}", t.log_tail());
+            measure(
+                args,
+                round,
+                t,
+                label,
+                &keys,
+                &mut rows,
+                &clients,
+                &certs,
+                &policy,
+                Bodies {
+                    rest: &rest_body,
+                    grpc: &grpc_body,
+                    latency: &latency_body,
+                },
+                direct_latency,
+                &stop,
+            )
+            .await;
+            if !t.alive() {
+                eprintln!("{label}: died during the benchmark: {}", t.log_tail());
+                for r in rows.values_mut() {
+                    r.set(label, Err(anyhow::anyhow!("died: {}", t.log_tail())));
+                }
+            }
         }
-        t.stop();
+    }
+    for (_, t) in started {
+        if let Some(t) = t {
+            t.stop();
+        }
     }
     sink_stop.cancel();
 
     let result = BenchResult {
         columns,
-        rows: order.iter().filter_map(|k| rows.remove(k)).collect(),
+        rows: order
+            .iter()
+            .filter_map(|k| rows.remove(k))
+            .map(Row::finish)
+            .collect(),
         settings: serde_json::json!({
             "tls": "1.3", "kx": "x25519", "resumption": false,
             "client": "rustls aws-lc-rs",
-            "duration_s": args.duration.as_secs_f64(), "warmup_s": args.warmup.as_secs_f64(),
+            "rounds": args.repeat.max(1), "duration_s": args.duration.as_secs_f64(), "warmup_s": args.warmup.as_secs_f64(),
             "concurrency": args.concurrency, "bulk_connections": args.bulk_connections,
             "idle": args.idle, "latency_requests": args.latency_requests,
             "proxy_worker_threads": args.proxy_worker_threads,
@@ -520,6 +594,7 @@ fn ms(d: Duration) -> f64 {
 #[allow(clippy::too_many_arguments)]
 async fn measure(
     args: &BenchArgs,
+    round: usize,
     t: &mut Terminator,
     label: &str,
     keys: &RowKeys,
@@ -684,7 +759,9 @@ async fn measure(
         put(rows, key, label, figure);
     }
 
-    if !keys.idle.is_empty() && !stop.is_cancelled() {
+    // Idle memory only in the first round: a process keeps what it freed (the allocator
+    // reuses it), so later rounds would measure reuse, not what a connection costs.
+    if round == 1 && !keys.idle.is_empty() && !stop.is_cancelled() {
         let mut held = Vec::new();
         // Settle first: memory freed by earlier rows must not count against idle connections.
         tokio::time::sleep(Duration::from_millis(500)).await;
@@ -808,6 +885,12 @@ pub fn render(result: &BenchResult) -> String {
     }
     out.push('\n');
     let mut notes = Vec::new();
+    let rounds = result.settings["rounds"].as_u64().unwrap_or(1);
+    if rounds > 1 {
+        notes.push(format!(
+            "median of {rounds} interleaved rounds; the spread of each figure is in bench.json"
+        ));
+    }
     for row in &result.rows {
         out.push_str(&format!("| {} | {} |", row.name, row.unit));
         let nginx = match row.figures.get("nginx") {
@@ -838,6 +921,7 @@ pub fn render(result: &BenchResult) -> String {
     out.push_str(
         "\nRatios are to nginx in the same row (below 1.00x: less CPU, memory or time than nginx). \
          Each terminator runs as configured in `settings` of bench.json (one worker each by default); \
+         with several rounds (`--repeat`) each figure is the median and bench.json holds every round; \
          CPU is the terminator's user+system time over its whole process tree; the in-memory \
          handshake is the same provider's server side of a full handshake with no sockets \
          (rustls only).\n",
@@ -855,5 +939,30 @@ fn fmt_value(v: f64) -> String {
         format!("{v:.1}")
     } else {
         format!("{v:.2}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_figure_is_the_median_of_its_rounds_and_a_failed_round_does_not_hide_the_others() {
+        let mut row = Row::new("r", "us");
+        for v in [30.0, 10.0, 20.0] {
+            row.set("a", Ok(v));
+        }
+        row.set("b", Ok(4.0));
+        row.set("b", Err(anyhow::anyhow!("refused")));
+        row.set("b", Ok(2.0));
+        row.set("c", Err(anyhow::anyhow!("did not start")));
+        row.set("c", Ok(f64::NAN));
+        let row = row.finish();
+        assert!(matches!(row.figures["a"], Figure::Value(v) if v == 20.0));
+        assert!(matches!(row.figures["b"], Figure::Value(v) if v == 3.0));
+        assert!(
+            matches!(&row.figures["c"], Figure::Missing { reason } if reason == "did not start")
+        );
+        assert_eq!(row.rounds["a"], [30.0, 10.0, 20.0]);
     }
 }

@@ -69,7 +69,9 @@ fn handshakes(c: &mut Criterion) {
                 b.iter_custom(|iters| {
                     (0..iters)
                         .map(|_| {
-                            server_side_handshake(&server, &client, &mut wire).expect("handshake")
+                            server_side_handshake(&server, &client, &mut wire)
+                                .expect("handshake")
+                                .0
                         })
                         .sum()
                 })

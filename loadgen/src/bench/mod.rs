@@ -271,6 +271,7 @@ fn clients(ca: &std::path::Path) -> Result<Clients> {
     Ok(Clients {
         http1: TlsConnector::from(bench_client(ca, b"http/1.1")?),
         h2: TlsConnector::from(bench_client(ca, b"h2")?),
+        in_memory: bench_client(ca, b"")?,
     })
 }
 
@@ -599,6 +600,71 @@ struct Bodies<'a> {
     latency: &'a Bytes,
 }
 
+/// How a timed row turns CPU-seconds and the work done into its figure.
+struct Unit {
+    /// Figure units per CPU-second (1e6 for microseconds).
+    scale: f64,
+    /// The work one figure is per, from what the loop did: (count, description).
+    work: fn(&workloads::Outcome) -> (f64, String),
+    /// For the progress line.
+    name: &'static str,
+}
+
+const PER_CONNECTION: Unit = Unit {
+    scale: 1e6,
+    work: |o| {
+        (
+            o.ok as f64,
+            format!("{} connections, {} failed", o.ok, o.failed),
+        )
+    },
+    name: "us CPU per connection",
+};
+
+const PER_MB: Unit = Unit {
+    scale: 1e3,
+    work: |o| {
+        let mb = o.bytes as f64 / 1e6;
+        (
+            mb,
+            format!("{} requests, {mb:.0} MB, {} failed", o.ok, o.failed),
+        )
+    },
+    name: "ms CPU per MB",
+};
+
+/// The figure of one timed loop (the terminator's CPU over it, per unit of work), with the
+/// work behind it noted in the row and a progress line.
+fn cpu_per_unit(
+    rows: &mut Rows,
+    key: &str,
+    label: &str,
+    what: &str,
+    measured: Result<(f64, workloads::Outcome)>,
+    unit: &Unit,
+) -> Result<f64> {
+    let figure = match measured {
+        Ok((cpu, out)) if out.ok > 0 => {
+            let (count, work) = (unit.work)(&out);
+            note_work(rows, key, label, work);
+            if let Some(e) = &out.first_error {
+                eprintln!("{label} {what}: {} failed, first: {e}", out.failed);
+            }
+            Ok(cpu * unit.scale / count)
+        }
+        Ok((_, out)) => Err(anyhow::anyhow!(
+            "nothing succeeded: {}",
+            out.first_error.unwrap_or_default()
+        )),
+        Err(e) => Err(e),
+    };
+    match &figure {
+        Ok(v) => eprintln!("{label} {what}: {v:.3} {}", unit.name),
+        Err(e) => eprintln!("{label} {what}: {e:#}"),
+    }
+    figure
+}
+
 fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1000.0
 }
@@ -630,37 +696,7 @@ async fn measure(
             workloads::new_connections(addr, &clients.http1, args.concurrency, args.duration),
         )
         .await;
-        let per_conn = match measured {
-            Ok((cpu, out)) if out.ok > 0 => {
-                note_work(
-                    rows,
-                    key,
-                    label,
-                    format!("{} connections, {} failed", out.ok, out.failed),
-                );
-                if let Some(e) = &out.first_error {
-                    eprintln!(
-                        "{label} {}: {} failed, first: {e}",
-                        alg.as_str(),
-                        out.failed
-                    );
-                }
-                Ok(cpu * 1e6 / out.ok as f64)
-            }
-            Ok((_, out)) => Err(anyhow::anyhow!(
-                "no connection succeeded: {}",
-                out.first_error.unwrap_or_default()
-            )),
-            Err(e) => Err(e),
-        };
-        eprintln!(
-            "{label} {}: {}",
-            alg.as_str(),
-            per_conn.as_ref().map_or_else(
-                |e| format!("{e:#}"),
-                |v| format!("{v:.0} us CPU per connection")
-            )
-        );
+        let per_conn = cpu_per_unit(rows, key, label, alg.as_str(), measured, &PER_CONNECTION);
         // Our providers: the same handshake in memory, server side only (the floor).
         let in_memory = t.provider.map(|p| {
             let (_, _, server) = proxy::tls::listener_tls(
@@ -670,12 +706,12 @@ async fn measure(
                 policy,
                 &[],
             )?;
-            let client = in_memory_client(&certs.ca)?;
             let n = match alg {
                 CertAlgorithmName::Rsa4096 => 200,
                 _ => 1000,
             };
-            let d = proxy::tls::measure::mean_server_handshake(&server, &client, n / 10, n)?;
+            let d =
+                proxy::tls::measure::mean_server_handshake(&server, &clients.in_memory, n / 10, n)?;
             Ok::<f64, anyhow::Error>(d.as_secs_f64() * 1e6)
         });
         match (&per_conn, in_memory) {
@@ -743,32 +779,7 @@ async fn measure(
             ),
         )
         .await;
-        let figure = match measured {
-            Ok((cpu, out)) if out.ok > 0 => {
-                let mb = out.bytes as f64 / 1e6;
-                note_work(
-                    rows,
-                    key,
-                    label,
-                    format!("{} requests, {mb:.0} MB, {} failed", out.ok, out.failed),
-                );
-                if let Some(e) = &out.first_error {
-                    eprintln!("{label} {kind:?}: {} failed, first: {e}", out.failed);
-                }
-                Ok(cpu * 1e3 / mb)
-            }
-            Ok((_, out)) => Err(anyhow::anyhow!(
-                "no request succeeded: {}",
-                out.first_error.unwrap_or_default()
-            )),
-            Err(e) => Err(e),
-        };
-        eprintln!(
-            "{label} {kind:?}: {}",
-            figure
-                .as_ref()
-                .map_or_else(|e| format!("{e:#}"), |v| format!("{v:.3} ms CPU per MB"))
-        );
+        let figure = cpu_per_unit(rows, key, label, &format!("{kind:?}"), measured, &PER_MB);
         put(rows, key, label, figure);
     }
 
@@ -871,10 +882,6 @@ async fn measure(
             }
         }
     }
-}
-
-fn in_memory_client(ca: &std::path::Path) -> Result<Arc<rustls::ClientConfig>> {
-    bench_client(ca, b"")
 }
 
 /// The table: each figure with its ratio to nginx's in the same row (below 1.00x is

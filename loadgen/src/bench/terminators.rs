@@ -14,7 +14,7 @@ use anyhow::{anyhow, bail, Context, Result};
 use proxy::crypto::{CertAlgorithmName, ProviderName};
 
 use crate::compare::procs::{tail, Managed};
-use crate::probe::cpu::{clock_ticks, parse_process_stat};
+use crate::probe::cpu;
 
 /// TLS 1.3 suites in the order every terminator prefers, ours included (servers choose):
 /// the comparison is of terminators, not of ciphers.
@@ -85,29 +85,22 @@ impl Terminator {
 
     /// User + system CPU seconds of the whole process tree.
     pub fn cpu_seconds(&self) -> Result<f64> {
-        let mut ticks = 0u64;
-        for pid in process_tree(self.pid()) {
-            let text = std::fs::read_to_string(format!("/proc/{pid}/stat"))
-                .with_context(|| format!("{}: /proc/{pid}/stat", self.label))?;
-            let (u, s) = parse_process_stat(&text)?;
-            ticks += u + s;
-        }
-        Ok(ticks as f64 / clock_ticks())
+        let proc_root = Path::new("/proc");
+        cpu::process_tree(proc_root, self.pid())
+            .into_iter()
+            .map(|pid| cpu::process_cpu_seconds(proc_root, pid))
+            .sum::<Result<f64>>()
+            .with_context(|| self.label.clone())
     }
 
     /// Resident memory of the whole process tree, in KiB.
     pub fn rss_kib(&self) -> Result<u64> {
-        let mut kib = 0;
-        for pid in process_tree(self.pid()) {
-            let text = std::fs::read_to_string(format!("/proc/{pid}/status"))
-                .with_context(|| format!("{}: /proc/{pid}/status", self.label))?;
-            kib += text
-                .lines()
-                .find_map(|l| l.strip_prefix("VmRSS:"))
-                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-                .unwrap_or(0);
-        }
-        Ok(kib)
+        let proc_root = Path::new("/proc");
+        cpu::process_tree(proc_root, self.pid())
+            .into_iter()
+            .map(|pid| cpu::resident_kib(proc_root, pid))
+            .sum::<Result<u64>>()
+            .with_context(|| self.label.clone())
     }
 
     /// Still running?
@@ -135,37 +128,6 @@ impl Terminator {
             Process::Peer(mut p) => p.stop(),
         }
     }
-}
-
-/// `root` and all its descendants, from /proc's parent links.
-fn process_tree(root: u32) -> Vec<u32> {
-    let mut parents: Vec<(u32, u32)> = Vec::new();
-    if let Ok(entries) = std::fs::read_dir("/proc") {
-        for e in entries.flatten() {
-            let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
-                continue;
-            };
-            let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-                continue;
-            };
-            // ppid is the second field after the command name's closing parenthesis.
-            let ppid = stat
-                .rfind(')')
-                .and_then(|i| stat[i + 1..].split_whitespace().nth(1))
-                .and_then(|p| p.parse::<u32>().ok());
-            if let Some(ppid) = ppid {
-                parents.push((pid, ppid));
-            }
-        }
-    }
-    let mut tree = vec![root];
-    let mut i = 0;
-    while i < tree.len() {
-        let p = tree[i];
-        tree.extend(parents.iter().filter(|(_, pp)| *pp == p).map(|(c, _)| *c));
-        i += 1;
-    }
-    tree
 }
 
 /// Certificates per algorithm, as `gen-certs` writes them.

@@ -68,11 +68,13 @@ async fn join(tasks: Vec<tokio::task::JoinHandle<Outcome>>) -> Outcome {
     total
 }
 
-/// TLS client configurations for the two ALPN offers the rows need.
+/// TLS client configurations: the two ALPN offers the rows need, and the baseline's.
 #[derive(Clone)]
 pub struct Clients {
     pub http1: TlsConnector,
     pub h2: TlsConnector,
+    /// The same client without ALPN, for the in-memory handshake baseline.
+    pub in_memory: Arc<rustls::ClientConfig>,
 }
 
 fn server_name() -> ServerName<'static> {

@@ -81,6 +81,46 @@ pub fn parse_process_stat(text: &str) -> Result<(u64, u64)> {
     }
 }
 
+/// Resident memory of one process (`VmRSS`), in KiB.
+pub fn resident_kib(proc_root: &Path, pid: u32) -> Result<u64> {
+    let path = proc_root.join(pid.to_string()).join("status");
+    let text =
+        std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+    text.lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .ok_or_else(|| anyhow!("no VmRSS in {}", path.display()))
+}
+
+/// The parent pid (field 4) of a /proc/PID/stat line, counted after the command name.
+fn parse_parent_pid(text: &str) -> Option<u32> {
+    let after = &text[text.rfind(')')? + 1..];
+    after.split_whitespace().nth(1)?.parse().ok()
+}
+
+/// `root` and all its descendants (nginx's master and its workers, say), from the parent
+/// links in /proc; processes that exit meanwhile are skipped.
+pub fn process_tree(proc_root: &Path, root: u32) -> Vec<u32> {
+    let parents: Vec<(u32, u32)> = std::fs::read_dir(proc_root)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let pid = e.file_name().to_str()?.parse::<u32>().ok()?;
+            let stat = std::fs::read_to_string(e.path().join("stat")).ok()?;
+            Some((pid, parse_parent_pid(&stat)?))
+        })
+        .collect();
+    let mut tree = vec![root];
+    let mut i = 0;
+    while i < tree.len() {
+        let p = tree[i];
+        tree.extend(parents.iter().filter(|(_, pp)| *pp == p).map(|(c, _)| *c));
+        i += 1;
+    }
+    tree
+}
+
 /// `Cpus_allowed_list` of a process (e.g. `0-1`), to show in the result that pinning held.
 pub fn cpus_allowed(proc_root: &Path, pid: u32) -> Option<String> {
     let text = std::fs::read_to_string(proc_root.join(pid.to_string()).join("status")).ok()?;
@@ -136,6 +176,22 @@ pub fn machine_facts(proc_root: &Path) -> (String, usize, String) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn this_process_is_in_its_own_tree_with_its_children_and_has_a_resident_size() {
+        let mut child = std::process::Command::new("sleep")
+            .arg("5")
+            .spawn()
+            .unwrap();
+        let tree = process_tree(Path::new("/proc"), std::process::id());
+        assert_eq!(tree[0], std::process::id());
+        assert!(tree.contains(&child.id()), "{tree:?}");
+        let _ = child.kill();
+        let _ = child.wait();
+        assert!(resident_kib(Path::new("/proc"), std::process::id()).unwrap() > 0);
+        // The command name may hold spaces and parentheses.
+        assert_eq!(parse_parent_pid("12 (a) b) S 7 12 12"), Some(7));
+    }
 
     #[test]
     fn parses_proc_stat_and_process_stat() {

@@ -244,8 +244,8 @@ mod tests {
     use super::*;
     use crate::crypto::{generate_cert_set, CertAlgorithmName, KxGroupName};
     use rustls::pki_types::pem::PemObject;
-    use rustls::pki_types::{CertificateDer, ServerName};
-    use rustls::{CipherSuite, ClientConfig, ClientConnection, RootCertStore, ServerConnection};
+    use rustls::pki_types::CertificateDer;
+    use rustls::{CipherSuite, ClientConfig, RootCertStore};
 
     /// A client that lists AES-256-GCM first (as rustls and Go clients do) still gets the
     /// server's first choice, AES-128-GCM, from every software provider.
@@ -270,6 +270,7 @@ mod tests {
                 .with_root_certificates(roots)
                 .with_no_client_auth(),
         );
+        let mut wire = (Vec::new(), Vec::new());
         for provider in [
             ProviderName::Ring,
             ProviderName::AwsLcRs,
@@ -280,24 +281,7 @@ mod tests {
                 ..TlsPolicy::default()
             };
             let (_, _, server) = listener_tls(provider, cert, key, &policy, &[]).unwrap();
-            let mut s = ServerConnection::new(server).unwrap();
-            let mut c =
-                ClientConnection::new(client.clone(), ServerName::try_from("localhost").unwrap())
-                    .unwrap();
-            while c.is_handshaking() || s.is_handshaking() {
-                let mut buf = Vec::new();
-                while c.wants_write() {
-                    c.write_tls(&mut buf).unwrap();
-                }
-                s.read_tls(&mut &buf[..]).unwrap();
-                s.process_new_packets().unwrap();
-                buf.clear();
-                while s.wants_write() {
-                    s.write_tls(&mut buf).unwrap();
-                }
-                c.read_tls(&mut &buf[..]).unwrap();
-                c.process_new_packets().unwrap();
-            }
+            let (_, s) = measure::server_side_handshake(&server, &client, &mut wire).unwrap();
             let suite = s.negotiated_cipher_suite().unwrap().suite();
             assert_eq!(
                 suite,

@@ -179,8 +179,14 @@ async fn upstream_down_is_502_in_qdrant_error_shape() {
         assert_eq!(a.headers["content-type"], "application/json");
         let j = a.json();
         let msg = j["status"]["error"].as_str().unwrap();
-        assert!(msg.contains(&format!("127.0.0.1:{closed_port}")), "{msg}");
+        // The client learns that the upstream is down, not where it is or the OS error.
+        assert_eq!(msg, "the upstream is unavailable");
     }
+    let log = proxy.log_text();
+    assert!(
+        log.contains(&format!("127.0.0.1:{closed_port}")) && log.contains("refused"),
+        "the log names the upstream and the cause:\n{log}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

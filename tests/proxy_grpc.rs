@@ -102,6 +102,11 @@ async fn upstream_down_is_unavailable() {
         .expect_err("upstream is down");
     assert_eq!(err.code(), tonic::Code::Unavailable, "{err:?}");
     assert!(err.message().contains("unavailable"), "{}", err.message());
+    assert!(
+        !err.message().contains(&closed_port.to_string()),
+        "grpc-message names no upstream address: {}",
+        err.message()
+    );
     let m = proxy.metrics();
     assert_eq!(
         metric_value(&m, "proxy_upstream_errors_total", &[("kind", "connect")]),

@@ -81,6 +81,12 @@ pub struct Overrides {
     /// Bearer token file that enables POST /admin/tls (run-time provider/certificate switch).
     #[arg(long, value_name = "FILE")]
     admin_token_file: Option<PathBuf>,
+    /// Certificate (PEM) to serve the admin port over TLS; with --admin-tls-key.
+    #[arg(long, value_name = "FILE")]
+    admin_tls_cert: Option<PathBuf>,
+    /// Private key (PEM) for --admin-tls-cert.
+    #[arg(long, value_name = "FILE")]
+    admin_tls_key: Option<PathBuf>,
     /// Lowest TLS version: 1.2 or 1.3.
     #[arg(long, value_name = "V")]
     tls_min: Option<TlsVersion>,
@@ -138,6 +144,28 @@ pub struct Overrides {
     /// How long in-flight requests may take to finish after SIGTERM.
     #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
     shutdown_grace: Option<Duration>,
+    /// A connection that sends no request this long after its handshake is closed.
+    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
+    first_request_timeout: Option<Duration>,
+    /// A connection with requests in flight on which nothing moves this long is closed.
+    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
+    stall_timeout: Option<Duration>,
+    /// A connection asked to close that is still open after this is closed hard.
+    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
+    drain_timeout: Option<Duration>,
+    /// Connections older than this are asked to close (default: no maximum).
+    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
+    max_connection_age: Option<Duration>,
+    /// Concurrent requests forwarded to the upstream; beyond it 503 / RESOURCE_EXHAUSTED.
+    #[arg(long, value_name = "N")]
+    max_upstream_requests: Option<usize>,
+    /// Request bytes the proxy may hold across all connections.
+    #[arg(long, value_name = "BYTES")]
+    request_buffer_budget: Option<u64>,
+    /// A peer (address or CIDR block) that is a proxy itself and may set X-Forwarded-For;
+    /// repeatable.
+    #[arg(long = "trusted-proxy", value_name = "CIDR")]
+    trusted_proxies: Vec<String>,
     /// Log filter (overridden by RUST_LOG): error, warn, info, debug, trace.
     #[arg(long, value_name = "LEVEL")]
     log_level: Option<String>,
@@ -197,6 +225,12 @@ pub fn resolve(config_file: Option<&PathBuf>, o: &Overrides) -> Result<Config, C
     if let Some(p) = o.provider {
         cfg.provider = p;
     }
+    if let Some(f) = &o.admin_tls_cert {
+        cfg.admin.tls_cert = Some(f.clone());
+    }
+    if let Some(f) = &o.admin_tls_key {
+        cfg.admin.tls_key = Some(f.clone());
+    }
     if let Some(f) = &o.admin_token_file {
         cfg.admin.token_file = Some(f.clone());
     }
@@ -247,6 +281,27 @@ pub fn resolve(config_file: Option<&PathBuf>, o: &Overrides) -> Result<Config, C
     }
     if let Some(d) = o.shutdown_grace {
         cfg.limits.shutdown_grace = d;
+    }
+    if let Some(d) = o.first_request_timeout {
+        cfg.limits.first_request_timeout = d;
+    }
+    if let Some(d) = o.stall_timeout {
+        cfg.limits.stall_timeout = d;
+    }
+    if let Some(d) = o.drain_timeout {
+        cfg.limits.drain_timeout = d;
+    }
+    if let Some(d) = o.max_connection_age {
+        cfg.limits.max_connection_age = Some(d);
+    }
+    if let Some(n) = o.max_upstream_requests {
+        cfg.limits.max_upstream_requests = n;
+    }
+    if let Some(n) = o.request_buffer_budget {
+        cfg.limits.request_buffer_budget = n;
+    }
+    if !o.trusted_proxies.is_empty() {
+        cfg.trusted_proxies = o.trusted_proxies.clone();
     }
 
     let listener_flags = o.listen.is_some()

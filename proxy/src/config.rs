@@ -41,6 +41,39 @@ pub const DEFAULT_UPSTREAM_RESPONSE_TIMEOUT: Duration = Duration::from_secs(60);
 pub const DEFAULT_H2_MAX_CONCURRENT_STREAMS: u32 = 256;
 /// In-flight requests get this long to finish after SIGTERM.
 pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
+/// A connection that has sent no request this long after its handshake is closed: an h2
+/// client that never sends its preface, or only PINGs, holds a slot for nothing.
+pub const DEFAULT_FIRST_REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+/// A connection with requests in flight on which nothing moved this long (no body data
+/// either way, no response) is closed at once: its client reads nothing (a zero window, a
+/// reader that stopped). At least the upstream response timeout, so a slow upstream gets
+/// its 504 first.
+pub const DEFAULT_STALL_TIMEOUT: Duration = Duration::from_secs(60);
+/// A connection asked to close (idle, too old, resetting too many streams) that has not
+/// closed by then is closed hard: a client that never acknowledges the GOAWAY's PING, or
+/// never reads the last response, cannot keep its slot.
+pub const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
+/// SO_KEEPALIVE on accepted sockets: the kernel probes a silent peer after this long and
+/// closes a dead one after a few unanswered probes.
+pub const DEFAULT_TCP_KEEPALIVE: Duration = Duration::from_secs(60);
+/// HTTP/2 keep-alive PINGs on a connection that has been silent this long; an
+/// unanswered one closes the connection (a dead peer behind a NAT).
+pub const DEFAULT_H2_KEEPALIVE_INTERVAL: Duration = Duration::from_secs(30);
+/// Time to answer a keep-alive PING.
+pub const DEFAULT_H2_KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(20);
+/// Concurrent requests forwarded to one upstream; beyond it the proxy answers 503 (gRPC
+/// RESOURCE_EXHAUSTED) at once. HTTP/1.1 upstreams get one connection per request in
+/// flight, so this also caps their connections. Qdrant serves a few hundred concurrent
+/// requests per node well; thousands only queue inside it.
+pub const DEFAULT_MAX_UPSTREAM_REQUESTS: usize = 1024;
+/// Streams a client may cancel before completion (h2 RST_STREAM) before its connection is
+/// closed, once they are also half of its streams: rapid reset at any pace
+/// (CVE-2023-44487) costs the upstream at most this many requests per connection.
+pub const DEFAULT_H2_MAX_RESET_STREAMS: u64 = 100;
+/// Request bytes the proxy may hold across all connections (HTTP/2 receive windows,
+/// HTTP/1.1 read buffers, bodies on their way upstream); enforced by the flow-control
+/// windows it advertises, so clients are slowed, never buffered beyond it.
+pub const DEFAULT_REQUEST_BUFFER_BUDGET: u64 = 1024 * 1024 * 1024;
 
 /// The whole proxy configuration.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -63,6 +96,11 @@ pub struct Config {
     /// Limits and timeouts, for every listener.
     #[serde(default)]
     pub limits: Limits,
+    /// Peers that are proxies themselves (addresses or CIDR blocks): their
+    /// X-Forwarded-For is extended with their address. Anybody else's is replaced with
+    /// the peer's address and their Forwarded and X-Real-IP headers dropped.
+    #[serde(default)]
+    pub trusted_proxies: Vec<String>,
     /// The admin listener (/metrics, /healthz, /readyz).
     #[serde(default)]
     pub admin: AdminConfig,
@@ -136,6 +174,34 @@ pub struct Limits {
     /// See [`DEFAULT_SHUTDOWN_GRACE`].
     #[serde(with = "humantime_serde")]
     pub shutdown_grace: Duration,
+    /// See [`DEFAULT_FIRST_REQUEST_TIMEOUT`].
+    #[serde(with = "humantime_serde")]
+    pub first_request_timeout: Duration,
+    /// See [`DEFAULT_STALL_TIMEOUT`].
+    #[serde(with = "humantime_serde")]
+    pub stall_timeout: Duration,
+    /// See [`DEFAULT_DRAIN_TIMEOUT`].
+    #[serde(with = "humantime_serde")]
+    pub drain_timeout: Duration,
+    /// Connections older than this are asked to close (then closed after the drain
+    /// timeout), so long-lived clients rebalance across proxies; none by default.
+    #[serde(with = "humantime_serde")]
+    pub max_connection_age: Option<Duration>,
+    /// See [`DEFAULT_TCP_KEEPALIVE`].
+    #[serde(with = "humantime_serde")]
+    pub tcp_keepalive: Duration,
+    /// See [`DEFAULT_H2_KEEPALIVE_INTERVAL`].
+    #[serde(with = "humantime_serde")]
+    pub h2_keepalive_interval: Duration,
+    /// See [`DEFAULT_H2_KEEPALIVE_TIMEOUT`].
+    #[serde(with = "humantime_serde")]
+    pub h2_keepalive_timeout: Duration,
+    /// See [`DEFAULT_MAX_UPSTREAM_REQUESTS`].
+    pub max_upstream_requests: usize,
+    /// See [`DEFAULT_H2_MAX_RESET_STREAMS`].
+    pub h2_max_reset_streams: u64,
+    /// See [`DEFAULT_REQUEST_BUFFER_BUDGET`].
+    pub request_buffer_budget: u64,
 }
 
 impl Default for Limits {
@@ -151,6 +217,16 @@ impl Default for Limits {
             upstream_response_timeout: DEFAULT_UPSTREAM_RESPONSE_TIMEOUT,
             h2_max_concurrent_streams: DEFAULT_H2_MAX_CONCURRENT_STREAMS,
             shutdown_grace: DEFAULT_SHUTDOWN_GRACE,
+            first_request_timeout: DEFAULT_FIRST_REQUEST_TIMEOUT,
+            stall_timeout: DEFAULT_STALL_TIMEOUT,
+            drain_timeout: DEFAULT_DRAIN_TIMEOUT,
+            max_connection_age: None,
+            tcp_keepalive: DEFAULT_TCP_KEEPALIVE,
+            h2_keepalive_interval: DEFAULT_H2_KEEPALIVE_INTERVAL,
+            h2_keepalive_timeout: DEFAULT_H2_KEEPALIVE_TIMEOUT,
+            max_upstream_requests: DEFAULT_MAX_UPSTREAM_REQUESTS,
+            h2_max_reset_streams: DEFAULT_H2_MAX_RESET_STREAMS,
+            request_buffer_budget: DEFAULT_REQUEST_BUFFER_BUDGET,
         }
     }
 }
@@ -166,6 +242,24 @@ pub struct AdminConfig {
     /// listener's provider and certificate at run time). Without it that endpoint is off.
     #[serde(default)]
     pub token_file: Option<std::path::PathBuf>,
+    /// Open admin connections at most; more are closed at once (a scraper needs one).
+    #[serde(default = "default_admin_max_connections")]
+    pub max_connections: usize,
+    /// Time to receive a request head, and the longest an idle keep-alive connection
+    /// stays open (hyper's header timer runs while a connection waits for its next
+    /// request); request bodies get as long.
+    #[serde(
+        default = "default_admin_header_read_timeout",
+        with = "humantime_serde"
+    )]
+    pub header_read_timeout: std::time::Duration,
+    /// Certificate chain (PEM) for serving the admin port over TLS (remote mode sends the
+    /// bearer token; over plain HTTP anybody on the path reads it). With `tls_key`.
+    #[serde(default)]
+    pub tls_cert: Option<std::path::PathBuf>,
+    /// Private key (PEM) for `tls_cert`.
+    #[serde(default)]
+    pub tls_key: Option<std::path::PathBuf>,
 }
 
 impl Default for AdminConfig {
@@ -173,8 +267,25 @@ impl Default for AdminConfig {
         Self {
             listen: default_admin_listen(),
             token_file: None,
+            max_connections: default_admin_max_connections(),
+            header_read_timeout: default_admin_header_read_timeout(),
+            tls_cert: None,
+            tls_key: None,
         }
     }
+}
+
+/// Admin connections: a Prometheus or two, an operator, a health checker.
+pub const DEFAULT_ADMIN_MAX_CONNECTIONS: usize = 64;
+/// Admin requests are small and local; a head that takes longer is not a scraper.
+pub const DEFAULT_ADMIN_HEADER_READ_TIMEOUT: std::time::Duration =
+    std::time::Duration::from_secs(10);
+
+fn default_admin_max_connections() -> usize {
+    DEFAULT_ADMIN_MAX_CONNECTIONS
+}
+fn default_admin_header_read_timeout() -> std::time::Duration {
+    DEFAULT_ADMIN_HEADER_READ_TIMEOUT
 }
 
 fn default_admin_listen() -> String {
@@ -381,6 +492,21 @@ impl Config {
                 self.admin.listen
             ));
         }
+        if self.admin.max_connections == 0 {
+            problems.push("admin.max_connections must be at least 1".to_owned());
+        }
+        if self.admin.header_read_timeout.is_zero() {
+            problems.push("admin.header_read_timeout must be greater than zero".to_owned());
+        }
+        match (&self.admin.tls_cert, &self.admin.tls_key) {
+            (Some(_), None) | (None, Some(_)) => problems.push(
+                "admin.tls_cert and admin.tls_key go together: give both or neither".to_owned(),
+            ),
+            _ => {}
+        }
+        if let Err(e) = crate::http::TrustedProxies::parse(&self.trusted_proxies) {
+            problems.push(e);
+        }
         let l = &self.limits;
         if l.max_connections == 0 {
             problems.push("limits.max_connections must be at least 1".to_owned());
@@ -406,10 +532,31 @@ impl Config {
                 "limits.upstream_response_timeout",
                 l.upstream_response_timeout,
             ),
+            ("limits.first_request_timeout", l.first_request_timeout),
+            ("limits.stall_timeout", l.stall_timeout),
+            ("limits.drain_timeout", l.drain_timeout),
+            ("limits.tcp_keepalive", l.tcp_keepalive),
+            ("limits.h2_keepalive_interval", l.h2_keepalive_interval),
+            ("limits.h2_keepalive_timeout", l.h2_keepalive_timeout),
         ] {
             if d.is_zero() {
                 problems.push(format!("{name} must be greater than zero"));
             }
+        }
+        if l.max_connection_age.is_some_and(|d| d.is_zero()) {
+            problems.push("limits.max_connection_age must be greater than zero".to_owned());
+        }
+        if l.stall_timeout < l.upstream_response_timeout {
+            problems.push(format!(
+                "limits.stall_timeout ({:?}) must be at least limits.upstream_response_timeout ({:?}): a slow upstream's request would be cut as a stall before its 504",
+                l.stall_timeout, l.upstream_response_timeout
+            ));
+        }
+        if l.max_upstream_requests == 0 {
+            problems.push("limits.max_upstream_requests must be at least 1".to_owned());
+        }
+        if let Err(e) = crate::http::BufferBudget::check(l) {
+            problems.push(e);
         }
         let mut names = std::collections::HashSet::new();
         for (i, lc) in self.listeners.iter().enumerate() {

@@ -20,6 +20,7 @@ pub mod config;
 pub mod crypto;
 pub mod http;
 pub mod io;
+pub mod ratelog;
 pub mod server;
 pub mod switch;
 pub mod tcp;

@@ -13,12 +13,12 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::admin::{self, AdminState, ListenerMetrics, Metrics};
+use crate::admin::{self, AdminGuards, AdminState, AdminToken, ListenerMetrics, Metrics};
 use crate::config::{Config, Limits, ListenerMode};
 use crate::crypto::qat::{self, Fallback, QatState};
 use crate::crypto::ProviderName;
-use crate::http::HttpForwarder;
-use crate::io::{Activity, CountingIo};
+use crate::http::{BufferBudget, HttpForwarder, TrustedProxies, H2_CONNECTION_WINDOW};
+use crate::io::{Activity, CountingIo, Quiet, QuietLimits};
 use crate::switch::{ListenerTls, SwitchableListener, TlsSwitch};
 use crate::tls::{self, HandshakePool, Offload};
 use crate::upstream::UpstreamAddr;
@@ -27,6 +27,10 @@ use crate::upstream::UpstreamAddr;
 /// benchmark opens connections in bursts; a short queue turns bursts into SYN retries
 /// (a one-second stall) instead of waiting connections.
 const LISTEN_BACKLOG: u32 = 4096;
+/// TCP keep-alive probes: one every 10 s after `limits.tcp_keepalive` of silence, and the
+/// connection is dropped after 3 unanswered ones.
+const TCP_KEEPALIVE_PROBE_INTERVAL: std::time::Duration = std::time::Duration::from_secs(10);
+const TCP_KEEPALIVE_PROBES: u32 = 3;
 
 /// A start-up failure: one line that names the listener, file or flag.
 #[derive(Debug, thiserror::Error)]
@@ -53,7 +57,8 @@ pub struct Proxy {
     listeners: Vec<(TcpListener, Arc<ListenerCtx>)>,
     admin: TcpListener,
     switch: Arc<TlsSwitch>,
-    admin_token: Option<String>,
+    admin_token: Option<AdminToken>,
+    admin_guards: AdminGuards,
     metrics: Metrics,
     limits: Limits,
     pool: Option<HandshakePool>,
@@ -67,6 +72,13 @@ impl Proxy {
             .validate()
             .map_err(|e| StartupError(e.problems.join("\n")))?;
         let metrics = Metrics::new();
+        crate::ratelog::PEER.count_in(metrics.log_suppressed());
+        let budget = BufferBudget::new(
+            &config.limits,
+            H2_CONNECTION_WINDOW,
+            metrics.buffer_budget(config.limits.request_buffer_budget),
+        );
+        let trusted = TrustedProxies::parse(&config.trusted_proxies).map_err(StartupError)?;
         let (offload, pool) =
             tls::offload_for(config.effective_offload(), config.handshake.pool_threads)
                 .map_err(|e| StartupError(format!("cannot start the handshake pool: {e}")))?;
@@ -95,6 +107,7 @@ impl Proxy {
             let (provider, cert, tls_config) =
                 tls::listener_tls(provider_name, &lc.cert, &lc.key, &lc.tls, default_alpn)
                     .map_err(|e| at("", &e))?;
+            warn_if_key_readable_by_others(&name, &lc.key);
             if let (ProviderName::OpensslQat, Some(state)) = (provider_name, &qat_state) {
                 match state.prove_signing(&lc.key) {
                     Ok(proof) => tracing::info!(listener = %name, "QAT start-up proof: {proof}"),
@@ -130,6 +143,8 @@ impl Proxy {
                     lc.upstream_protocol,
                     config.limits.clone(),
                     lm.clone(),
+                    budget.clone(),
+                    trusted.clone(),
                 ))),
                 ListenerMode::Tcp => Mode::Tcp(upstream.clone()),
             };
@@ -205,9 +220,27 @@ impl Proxy {
             ))
         })?;
         let token = match &config.admin.token_file {
-            Some(path) => Some(read_token(path)?),
+            Some(path) => Some(AdminToken::new(&read_token(path)?)),
             None => None,
         };
+        let admin_tls = match (&config.admin.tls_cert, &config.admin.tls_key) {
+            (Some(cert), Some(key)) => {
+                let (_, _, tls) = tls::listener_tls(
+                    crate::config::DEFAULT_PROVIDER,
+                    cert,
+                    key,
+                    &crate::config::TlsPolicy::default(),
+                    &[b"http/1.1"],
+                )
+                .map_err(|e| StartupError(format!("admin TLS: {e}")))?;
+                warn_if_key_readable_by_others("admin", key);
+                Some(tls)
+            }
+            _ => None,
+        };
+        if token.is_some() && admin_tls.is_none() && !admin_addr.ip().is_loopback() {
+            tracing::warn!(admin = %admin_addr, "the admin port accepts the bearer token over plain HTTP on a non-loopback address: set admin.tls_cert and admin.tls_key");
+        }
         let switch = Arc::new(TlsSwitch::new(
             listeners.iter().map(|(_, ctx)| ctx.tls.clone()).collect(),
             metrics.clone(),
@@ -218,6 +251,11 @@ impl Proxy {
             admin,
             switch,
             admin_token: token,
+            admin_guards: AdminGuards {
+                max_connections: config.admin.max_connections,
+                header_read_timeout: config.admin.header_read_timeout,
+                tls: admin_tls,
+            },
             metrics,
             limits: config.limits.clone(),
             pool,
@@ -249,6 +287,7 @@ impl Proxy {
                     .clone()
                     .map(|token| (self.switch.clone(), token)),
             },
+            self.admin_guards,
             admin_stop.clone(),
         ));
         tokio::spawn(reload_on_sighup(self.switch.clone(), admin_stop.clone()));
@@ -438,7 +477,14 @@ async fn handle_connection(
     let _active = ActiveGuard(m.active.clone());
     // Small responses (gRPC acks, JSON results) must not wait for Nagle.
     let _ = stream.set_nodelay(true);
-    let activity = Activity::new();
+    // A peer that vanished (power loss, a NAT that forgot us) is found by the kernel even
+    // when the connection is between requests and no deadline of ours is running.
+    let keepalive = socket2::TcpKeepalive::new()
+        .with_time(ctx.limits.tcp_keepalive)
+        .with_interval(TCP_KEEPALIVE_PROBE_INTERVAL)
+        .with_retries(TCP_KEEPALIVE_PROBES);
+    let _ = socket2::SockRef::from(&stream).set_tcp_keepalive(&keepalive);
+    let activity = Activity::new(matches!(ctx.mode, Mode::Tcp(_)));
     let io = CountingIo::new(stream, m.received.clone(), m.sent.clone(), activity.clone());
     let started = Instant::now();
 
@@ -458,13 +504,13 @@ async fn handle_connection(
         Ok(Err(e)) => {
             m.handshake_failed("error");
             m.connection_error("handshake");
-            tracing::warn!(listener = %ctx.name, %peer, error = %e, "TLS handshake failed");
+            crate::peer_warn!(listener = %ctx.name, %peer, error = %e, "TLS handshake failed");
             return;
         }
         Err(_) => {
             m.handshake_failed("timeout");
             m.connection_error("handshake_timeout");
-            tracing::warn!(
+            crate::peer_warn!(
                 listener = %ctx.name,
                 %peer,
                 timeout = ?ctx.limits.handshake_timeout,
@@ -479,23 +525,29 @@ async fn handle_connection(
     match &ctx.mode {
         Mode::Http(forwarder) => {
             let mut tls_stream = tls_stream;
-            if !h2
-                && !first_request_bytes(
+            if !h2 {
+                match first_request_bytes(
                     &mut tls_stream,
                     &activity,
-                    ctx.limits.idle_timeout,
+                    forwarder.quiet_limits(),
                     &shutdown,
                 )
                 .await
-            {
-                return;
+                {
+                    FirstBytes::Arrived => {}
+                    FirstBytes::Quiet(why) => {
+                        m.connection_closed(why.label());
+                        return;
+                    }
+                    FirstBytes::Draining => return,
+                }
             }
             if let Err(e) =
                 Box::pin(forwarder.serve(tls_stream, h2, peer, activity, shutdown)).await
             {
                 if !is_benign_close(&e) {
                     m.connection_error("http");
-                    tracing::warn!(listener = %ctx.name, %peer, error = %e, "connection error");
+                    crate::peer_warn!(listener = %ctx.name, %peer, error = %e, "connection error");
                 }
             }
         }
@@ -515,7 +567,7 @@ async fn handle_connection(
                 Err(e @ crate::tcp::SpliceError::Connect { .. }) => {
                     m.upstream_error("connect");
                     m.connection_error("upstream_connect");
-                    tracing::warn!(listener = %ctx.name, %peer, error = %e, "connection error");
+                    crate::peer_warn!(listener = %ctx.name, %peer, error = %e, "connection error");
                 }
                 Err(crate::tcp::SpliceError::Copy(e)) => {
                     if !matches!(
@@ -525,7 +577,7 @@ async fn handle_connection(
                             | std::io::ErrorKind::UnexpectedEof
                     ) {
                         m.connection_error("io");
-                        tracing::warn!(listener = %ctx.name, %peer, error = %e, "connection error");
+                        crate::peer_warn!(listener = %ctx.name, %peer, error = %e, "connection error");
                     }
                 }
             }
@@ -533,22 +585,29 @@ async fn handle_connection(
     }
 }
 
-/// Waits until an HTTP/1.1 client has sent something after the handshake; false when it
-/// stayed idle past `idle` or the proxy is draining. Until then the connection holds no HTTP
-/// state: hyper allocates its 8 KiB read buffer as soon as it is polled, which was a third
-/// of an idle connection's memory (nginx too allocates its buffer only when data arrives).
+/// How the wait for an HTTP/1.1 client's first bytes ended.
+enum FirstBytes {
+    Arrived,
+    Quiet(Quiet),
+    Draining,
+}
+
+/// Waits until an HTTP/1.1 client has sent something after the handshake, at most the
+/// first-request timeout. Until then the connection holds no HTTP state: hyper allocates
+/// its 8 KiB read buffer as soon as it is polled, which was a third of an idle
+/// connection's memory (nginx too allocates its buffer only when data arrives).
 async fn first_request_bytes(
     stream: &mut tokio_rustls::server::TlsStream<CountingIo<TcpStream>>,
     activity: &Activity,
-    idle: std::time::Duration,
+    limits: &QuietLimits,
     shutdown: &CancellationToken,
-) -> bool {
+) -> FirstBytes {
     let (io, conn) = stream.get_mut();
     // The request may have come with the client's Finished and already sit in rustls.
     match conn.process_new_packets() {
         Ok(state) if state.plaintext_bytes_to_read() == 0 && !state.peer_has_closed() => {}
         // Data, a close or an error: hyper's first read sees it.
-        _ => return true,
+        _ => return FirstBytes::Arrived,
     }
     let tcp = io.get_ref();
     // Usually the request is already in the socket: one peek says so without the round trip
@@ -557,14 +616,30 @@ async fn first_request_bytes(
     match socket2::SockRef::from(tcp).peek(&mut probe) {
         Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
         // Data, end of stream or an error: hyper's first read sees it.
-        _ => return true,
+        _ => return FirstBytes::Arrived,
     }
     // Nothing yet: the client may be waiting for the ACK of its Finished.
     acknowledge_finished(tcp);
     tokio::select! {
-        _ = tcp.readable() => true,
-        _ = activity.wait_idle(idle) => false,
-        _ = shutdown.cancelled() => false,
+        _ = tcp.readable() => FirstBytes::Arrived,
+        why = activity.wait_quiet(limits) => FirstBytes::Quiet(why),
+        _ = shutdown.cancelled() => FirstBytes::Draining,
+    }
+}
+
+/// A private key anybody on the host can read is a key anybody on the host has.
+fn warn_if_key_readable_by_others(listener: &str, key: &Path) {
+    use std::os::unix::fs::PermissionsExt;
+    if let Ok(meta) = std::fs::metadata(key) {
+        let mode = meta.permissions().mode();
+        if mode & 0o004 != 0 {
+            tracing::warn!(
+                %listener,
+                key = %key.display(),
+                mode = %format!("{:o}", mode & 0o777),
+                "the private key file is readable by every user of this host: chmod o-r (0600 or 0640)"
+            );
+        }
     }
 }
 

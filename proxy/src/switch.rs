@@ -117,6 +117,28 @@ pub enum SwitchError {
     Invalid(String),
 }
 
+/// Largest certificate chain or key file the admin API reads; real chains are a few KiB.
+const MAX_PEM_FILE_BYTES: u64 = 1024 * 1024;
+
+fn check_pem_file(path: &std::path::Path) -> Result<(), SwitchError> {
+    let meta = std::fs::metadata(path)
+        .map_err(|e| SwitchError::Invalid(format!("{}: {e}", path.display())))?;
+    if !meta.is_file() {
+        return Err(SwitchError::Invalid(format!(
+            "{}: not a regular file",
+            path.display()
+        )));
+    }
+    if meta.len() > MAX_PEM_FILE_BYTES {
+        return Err(SwitchError::Invalid(format!(
+            "{}: {} bytes, more than the {MAX_PEM_FILE_BYTES} a certificate or key file may have",
+            path.display(),
+            meta.len()
+        )));
+    }
+    Ok(())
+}
+
 /// Every switchable listener of the process.
 pub struct TlsSwitch {
     listeners: Vec<Arc<SwitchableListener>>,
@@ -145,6 +167,11 @@ impl TlsSwitch {
     /// Builds every new configuration first, then installs them; on any error nothing is
     /// installed. Blocking (key loading, the signing proof): call from a blocking thread.
     pub fn apply(&self, req: &SwitchRequest) -> Result<Vec<SwitchOutcome>, SwitchError> {
+        // The paths come from a remote request: read nothing but modest regular files
+        // (not /dev/zero, a FIFO that never ends, or a multi-gigabyte file).
+        for path in [&req.cert, &req.key] {
+            check_pem_file(path)?;
+        }
         let _one_at_a_time = self.changing.lock().unwrap_or_else(|p| p.into_inner());
         self.install(req, "TLS configuration switched")
     }

@@ -8,7 +8,7 @@ use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
 
-use crate::io::Activity;
+use crate::io::{Activity, QuietLimits};
 use crate::upstream::UpstreamAddr;
 
 /// Copy buffers: 64 KiB moves a TLS record's worth of plaintext (16 KiB) several times per
@@ -55,10 +55,11 @@ where
     .map_err(|_| connect_err(io::Error::new(io::ErrorKind::TimedOut, "connect timed out")))?
     .map_err(connect_err)?;
     server.set_nodelay(true).map_err(SpliceError::Copy)?;
+    let quiet = QuietLimits::uniform(idle);
     tokio::select! {
         r = tokio::io::copy_bidirectional_with_sizes(&mut client, &mut server, SPLICE_BUFFER, SPLICE_BUFFER) => {
             r.map_err(SpliceError::Copy)
         }
-        _ = activity.wait_idle(idle) => Ok((0, 0)),
+        _ = activity.wait_quiet(&quiet) => Ok((0, 0)),
     }
 }

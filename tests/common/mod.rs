@@ -324,18 +324,31 @@ pub fn run_proxy_to_exit(args: &[&str]) -> (ExitStatus, String) {
     (status, format!("{out}{err}"))
 }
 
-/// The value of the first sample of `name` whose labels contain every `labels` pair.
-pub fn metric_value(text: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+/// The values of the samples of `name` whose labels contain every `labels` pair.
+fn metric_samples<'a>(
+    text: &'a str,
+    name: &'a str,
+    labels: &'a [(&str, &str)],
+) -> impl Iterator<Item = f64> + 'a {
     text.lines()
         .filter(|l| !l.starts_with('#'))
-        .filter(|l| l.starts_with(name) && l[name.len()..].starts_with(['{', ' ']))
-        .find(|l| {
+        .filter(move |l| l.starts_with(name) && l[name.len()..].starts_with(['{', ' ']))
+        .filter(move |l| {
             labels
                 .iter()
                 .all(|(k, v)| l.contains(&format!("{k}=\"{v}\"")))
         })
-        .and_then(|l| l.rsplit(' ').next())
-        .and_then(|v| v.parse().ok())
+        .filter_map(|l| l.rsplit(' ').next()?.parse().ok())
+}
+
+/// The value of the first sample of `name` whose labels contain every `labels` pair.
+pub fn metric_value(text: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+    metric_samples(text, name, labels).next()
+}
+
+/// The sum of every sample of `name` whose labels contain every `labels` pair (0 if none).
+pub fn metric_sum(text: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
+    metric_samples(text, name, labels).sum()
 }
 
 /// A plain HTTP/1.1 GET (for the admin port), bounded in time.
@@ -623,6 +636,9 @@ async fn echo(req: Request<Incoming>) -> Result<Response<Full<Bytes>>, Infallibl
         "host": header("host"),
         "x-forwarded-for": header("x-forwarded-for"),
         "x-forwarded-proto": header("x-forwarded-proto"),
+        "forwarded": header("forwarded"),
+        "x-real-ip": header("x-real-ip"),
+        "authorization": header("authorization"),
         "connection": header("connection"),
         "x-test": header("x-test"),
     });

@@ -22,6 +22,16 @@ const REQUEST_BUCKETS: &[f64] = &[
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
 ];
 
+/// Why the proxy closes a connection itself (see `proxy_connection_closes_total`).
+pub const CLOSE_REASONS: [&str; 6] = [
+    "no_first_request",
+    "idle",
+    "stalled",
+    "max_age",
+    "reset_flood",
+    "drain_deadline",
+];
+
 /// Every metric the proxy exports.
 #[derive(Clone)]
 pub struct Metrics {
@@ -39,6 +49,14 @@ pub struct Metrics {
     listener_info: IntGaugeVec,
     certificate_expiry: IntGaugeVec,
     tls_reloads: IntCounterVec,
+    connection_closes: IntCounterVec,
+    upstream_rejected: IntCounterVec,
+    upstream_in_flight: IntGaugeVec,
+    client_errors: IntCounterVec,
+    buffer_budget: IntGauge,
+    buffer_reserved: IntGauge,
+    admin_refusals: IntCounterVec,
+    log_suppressed: IntCounter,
     process: ProcessMetrics,
     qat: std::sync::Arc<std::sync::OnceLock<super::QatMetrics>>,
 }
@@ -151,9 +169,72 @@ impl Metrics {
             &["listener", "outcome"],
         )
         .expect("static metric definition");
+        let connection_closes = IntCounterVec::new(
+            Opts::new(
+                "proxy_connection_closes_total",
+                "Client connections the proxy closed on a deadline or a limit, by reason (no_first_request, idle, stalled, max_age, reset_flood; drain_deadline: still open after the drain timeout, closed hard).",
+            ),
+            &["listener", "reason"],
+        )
+        .expect("static metric definition");
+        let upstream_rejected = IntCounterVec::new(
+            Opts::new(
+                "proxy_upstream_rejected_total",
+                "Requests answered 503 (gRPC RESOURCE_EXHAUSTED) because the upstream already had limits.max_upstream_requests in flight.",
+            ),
+            &["listener"],
+        )
+        .expect("static metric definition");
+        let upstream_in_flight = IntGaugeVec::new(
+            Opts::new(
+                "proxy_upstream_requests_in_flight",
+                "Requests forwarded to the upstream whose response has not finished.",
+            ),
+            &["listener"],
+        )
+        .expect("static metric definition");
+        let client_errors = IntCounterVec::new(
+            Opts::new(
+                "proxy_client_errors_total",
+                "Requests refused or cut for the client's fault, by kind (body: malformed or cut framing; method: CONNECT).",
+            ),
+            &["listener", "kind"],
+        )
+        .expect("static metric definition");
+        let buffer_budget = IntGauge::new(
+            "proxy_request_buffer_budget_bytes",
+            "limits.request_buffer_budget: request bytes the proxy may hold across all connections.",
+        )
+        .expect("static metric definition");
+        let buffer_reserved = IntGauge::new(
+            "proxy_request_buffer_reserved_bytes",
+            "Request buffer set aside for every connection's and upstream request's floor plus the HTTP/2 receive windows granted above it.",
+        )
+        .expect("static metric definition");
+        let admin_refusals = IntCounterVec::new(
+            Opts::new(
+                "proxy_admin_refusals_total",
+                "Admin connections or requests refused, by reason (connections: over admin.max_connections; token: missing or wrong bearer token).",
+            ),
+            &["reason"],
+        )
+        .expect("static metric definition");
+        let log_suppressed = IntCounter::new(
+            "proxy_log_lines_suppressed_total",
+            "Log lines caused by remote peers that were dropped by the log rate limit.",
+        )
+        .expect("static metric definition");
 
         for c in [
             Box::new(handshakes.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(connection_closes.clone()),
+            Box::new(upstream_rejected.clone()),
+            Box::new(upstream_in_flight.clone()),
+            Box::new(client_errors.clone()),
+            Box::new(buffer_budget.clone()),
+            Box::new(buffer_reserved.clone()),
+            Box::new(admin_refusals.clone()),
+            Box::new(log_suppressed.clone()),
             Box::new(handshake_seconds.clone()),
             Box::new(requests.clone()),
             Box::new(request_seconds.clone()),
@@ -185,6 +266,14 @@ impl Metrics {
             listener_info,
             certificate_expiry,
             tls_reloads,
+            connection_closes,
+            upstream_rejected,
+            upstream_in_flight,
+            client_errors,
+            buffer_budget,
+            buffer_reserved,
+            admin_refusals,
+            log_suppressed,
             process,
             qat: Default::default(),
         }
@@ -209,6 +298,13 @@ impl Metrics {
         for outcome in ["ok", "error"] {
             self.tls_reloads.with_label_values(&[listener, outcome]);
         }
+        for reason in CLOSE_REASONS {
+            self.connection_closes
+                .with_label_values(&[listener, reason]);
+        }
+        for kind in ["body", "method"] {
+            self.client_errors.with_label_values(&[listener, kind]);
+        }
         ListenerMetrics {
             listener: listener.to_owned(),
             provider,
@@ -217,6 +313,8 @@ impl Metrics {
             accepted: self.connections.with_label_values(&[listener]),
             received: self.received_bytes.with_label_values(&[listener]),
             sent: self.sent_bytes.with_label_values(&[listener]),
+            upstream_rejected: self.upstream_rejected.with_label_values(&[listener]),
+            upstream_in_flight: self.upstream_in_flight.with_label_values(&[listener]),
             metrics: self.clone(),
         }
     }
@@ -234,6 +332,23 @@ impl Metrics {
         let _ = self
             .listener_info
             .remove_label_values(&[listener, provider, algorithm, mode, offload]);
+    }
+
+    /// The request buffer budget's gauges: the total is set here, the reserved gauge is
+    /// kept by [`crate::http::BufferBudget`].
+    pub fn buffer_budget(&self, total: u64) -> IntGauge {
+        self.buffer_budget.set(total as i64);
+        self.buffer_reserved.clone()
+    }
+
+    /// An admin connection or request refused.
+    pub fn admin_refused(&self, reason: &'static str) {
+        self.admin_refusals.with_label_values(&[reason]).inc();
+    }
+
+    /// The counter of log lines dropped by the rate limit.
+    pub fn log_suppressed(&self) -> IntCounter {
+        self.log_suppressed.clone()
     }
 
     /// Records the notAfter of the certificate a listener now serves.
@@ -298,10 +413,19 @@ pub struct ListenerMetrics {
     pub received: IntCounter,
     /// Bytes to clients.
     pub sent: IntCounter,
+    /// Requests refused at the upstream cap.
+    pub upstream_rejected: IntCounter,
+    /// Requests in flight to the upstream.
+    pub upstream_in_flight: IntGauge,
     metrics: Metrics,
 }
 
 impl ListenerMetrics {
+    /// The listener's name.
+    pub fn name(&self) -> &str {
+        &self.listener
+    }
+
     /// A completed handshake.
     pub fn handshake_ok(&self, tls_version: &'static str, resumed: bool, took: Duration) {
         let resumed = if resumed { "true" } else { "false" };
@@ -353,6 +477,23 @@ impl ListenerMetrics {
         m.request_seconds
             .with_label_values(&[&self.listener, protocol])
             .observe(took.as_secs_f64());
+    }
+
+    /// A connection the proxy closed on a deadline or limit; `reason` is one of
+    /// [`CLOSE_REASONS`].
+    pub fn connection_closed(&self, reason: &'static str) {
+        self.metrics
+            .connection_closes
+            .with_label_values(&[&self.listener, reason])
+            .inc();
+    }
+
+    /// A request refused or cut for the client's fault.
+    pub fn client_error(&self, kind: &'static str) {
+        self.metrics
+            .client_errors
+            .with_label_values(&[&self.listener, kind])
+            .inc();
     }
 
     /// An upstream exchange that failed.

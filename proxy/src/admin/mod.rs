@@ -1,7 +1,10 @@
 //! The admin listener: `/healthz` (the process is up), `/readyz` (listeners are bound and
 //! not draining), `/metrics` (Prometheus text format), and, when `admin.token_file` is set,
 //! `POST /admin/tls` (switch a listener's provider and certificate; see [`crate::switch`]).
-//! Bound to loopback by default.
+//! Bound to loopback by default; optionally over TLS with its own certificate. Bounded
+//! like the data path: a connection cap, a header timer that also closes idle keep-alive
+//! connections, a body deadline, and a token check that reveals neither the token nor its
+//! length.
 
 mod metrics;
 mod process;
@@ -22,7 +25,11 @@ use hyper::body::Incoming;
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
+use hyper_util::rt::TokioTimer;
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
+use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 
 use crate::switch::{SwitchRequest, TlsSwitch};
@@ -35,16 +42,53 @@ pub struct AdminState {
     /// True once every listener is bound, false again when draining.
     pub ready: Arc<AtomicBool>,
     /// The TLS switch and the bearer token that authorises it; None: endpoint off.
-    pub switch: Option<(Arc<TlsSwitch>, String)>,
+    pub switch: Option<(Arc<TlsSwitch>, AdminToken)>,
+}
+
+/// The admin bearer token, kept as its SHA-256 digest: a presented token is hashed and the
+/// digests compared in constant time, so neither the time taken nor an early length check
+/// tells a guesser how long the token is or how much of it was right.
+#[derive(Clone)]
+pub struct AdminToken([u8; 32]);
+
+impl AdminToken {
+    /// The token as read from its file.
+    pub fn new(token: &str) -> Self {
+        Self(openssl::sha::sha256(token.as_bytes()))
+    }
+
+    fn matches(&self, given: &[u8]) -> bool {
+        openssl::memcmp::eq(&openssl::sha::sha256(given), &self.0)
+    }
+}
+
+/// How the admin listener guards itself.
+pub struct AdminGuards {
+    /// See `admin.max_connections`.
+    pub max_connections: usize,
+    /// See `admin.header_read_timeout`.
+    pub header_read_timeout: std::time::Duration,
+    /// Serve over TLS with this configuration.
+    pub tls: Option<Arc<rustls::ServerConfig>>,
 }
 
 /// Largest switch request body we read.
 const MAX_ADMIN_BODY: usize = 64 * 1024;
+/// Largest admin request head (hyper's minimum buffer).
+const MAX_ADMIN_HEAD: usize = 8192;
 
 /// Serves the admin endpoints until `shutdown` fires.
-pub async fn serve(listener: TcpListener, state: AdminState, shutdown: CancellationToken) {
+pub async fn serve(
+    listener: TcpListener,
+    state: AdminState,
+    guards: AdminGuards,
+    shutdown: CancellationToken,
+) {
+    let slots = Arc::new(Semaphore::new(guards.max_connections));
+    let tls = guards.tls.map(TlsAcceptor::from);
+    let timeout = guards.header_read_timeout;
     loop {
-        let (stream, _) = tokio::select! {
+        let (stream, peer) = tokio::select! {
             r = listener.accept() => match r {
                 Ok(s) => s,
                 Err(e) => {
@@ -55,22 +99,51 @@ pub async fn serve(listener: TcpListener, state: AdminState, shutdown: Cancellat
             },
             _ = shutdown.cancelled() => return,
         };
+        let Ok(slot) = slots.clone().try_acquire_owned() else {
+            // Closed at once: waiting would hold a descriptor per excess connection.
+            state.metrics.admin_refused("connections");
+            crate::peer_warn!(%peer, limit = guards.max_connections, "admin: connection refused: too many open admin connections");
+            continue;
+        };
         let state = state.clone();
+        let tls = tls.clone();
         tokio::spawn(async move {
-            let svc = service_fn(move |req| {
-                let state = state.clone();
-                async move {
-                    if req.uri().path() == "/admin/tls" {
-                        return Ok::<_, Infallible>(switch_tls(&state, req).await);
+            let _slot = slot;
+            match tls {
+                None => serve_connection(stream, state, timeout).await,
+                Some(acceptor) => {
+                    match tokio::time::timeout(timeout, acceptor.accept(stream)).await {
+                        Ok(Ok(tls_stream)) => serve_connection(tls_stream, state, timeout).await,
+                        Ok(Err(e)) => {
+                            crate::peer_warn!(%peer, error = %e, "admin: TLS handshake failed")
+                        }
+                        Err(_) => crate::peer_warn!(%peer, "admin: TLS handshake timed out"),
                     }
-                    Ok::<_, Infallible>(route(&state, &req))
                 }
-            });
-            let _ = http1::Builder::new()
-                .serve_connection(TokioIo::new(stream), svc)
-                .await;
+            }
         });
     }
+}
+
+async fn serve_connection<IO>(io: IO, state: AdminState, timeout: std::time::Duration)
+where
+    IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let svc = service_fn(move |req| {
+        let state = state.clone();
+        async move {
+            if req.uri().path() == "/admin/tls" {
+                return Ok::<_, Infallible>(switch_tls(&state, req, timeout).await);
+            }
+            Ok::<_, Infallible>(route(&state, &req))
+        }
+    });
+    let _ = http1::Builder::new()
+        .timer(TokioTimer::new())
+        .header_read_timeout(timeout)
+        .max_buf_size(MAX_ADMIN_HEAD)
+        .serve_connection(TokioIo::new(io), svc)
+        .await;
 }
 
 fn route(state: &AdminState, req: &Request<Incoming>) -> Response<Full<Bytes>> {
@@ -115,19 +188,12 @@ fn json(status: StatusCode, value: serde_json::Value) -> Response<Full<Bytes>> {
         .expect("static response parts are valid")
 }
 
-/// Compares without an early exit, so the time taken does not reveal how much of a guessed
-/// token was right.
-fn token_matches(given: &[u8], expected: &[u8]) -> bool {
-    given.len() == expected.len()
-        && given
-            .iter()
-            .zip(expected)
-            .fold(0u8, |acc, (a, b)| acc | (a ^ b))
-            == 0
-}
-
 /// `POST /admin/tls` with `Authorization: Bearer <token>` and a [`SwitchRequest`] body.
-async fn switch_tls(state: &AdminState, req: Request<Incoming>) -> Response<Full<Bytes>> {
+async fn switch_tls(
+    state: &AdminState,
+    req: Request<Incoming>,
+    body_timeout: std::time::Duration,
+) -> Response<Full<Bytes>> {
     let err = |status: StatusCode, msg: String| json(status, serde_json::json!({ "error": msg }));
     let Some((switch, token)) = &state.switch else {
         return err(
@@ -145,19 +211,28 @@ async fn switch_tls(state: &AdminState, req: Request<Incoming>) -> Response<Full
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "))
         .unwrap_or("");
-    if !token_matches(given.as_bytes(), token.as_bytes()) {
-        tracing::warn!("admin: TLS switch refused: missing or wrong bearer token");
+    if !token.matches(given.as_bytes()) {
+        state.metrics.admin_refused("token");
+        crate::peer_warn!("admin: TLS switch refused: missing or wrong bearer token");
         return err(
             StatusCode::UNAUTHORIZED,
             "missing or wrong bearer token".into(),
         );
     }
-    let body = match Limited::new(req.into_body(), MAX_ADMIN_BODY)
-        .collect()
-        .await
+    let body = match tokio::time::timeout(
+        body_timeout,
+        Limited::new(req.into_body(), MAX_ADMIN_BODY).collect(),
+    )
+    .await
     {
-        Ok(b) => b.to_bytes(),
-        Err(e) => return err(StatusCode::BAD_REQUEST, format!("reading the body: {e}")),
+        Ok(Ok(b)) => b.to_bytes(),
+        Ok(Err(e)) => return err(StatusCode::BAD_REQUEST, format!("reading the body: {e}")),
+        Err(_) => {
+            return err(
+                StatusCode::REQUEST_TIMEOUT,
+                format!("the body did not arrive within {body_timeout:?}"),
+            )
+        }
     };
     let request: SwitchRequest = match serde_json::from_slice(&body) {
         Ok(r) => r,

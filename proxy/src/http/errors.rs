@@ -9,10 +9,14 @@ use super::body::ResponseBody;
 /// gRPC status codes we produce.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum GrpcCode {
+    /// 3: the client's request was malformed.
+    InvalidArgument = 3,
     /// 4: the upstream did not answer in time.
     DeadlineExceeded = 4,
     /// 8: the request is larger than allowed.
     ResourceExhausted = 8,
+    /// 12: the method is not served (CONNECT).
+    Unimplemented = 12,
     /// 13: the proxy failed.
     Internal = 13,
     /// 14: the upstream is down or refused.
@@ -32,6 +36,14 @@ pub enum Failure {
     HeadersTooLarge,
     /// The proxy could not build the upstream request: 500 / INTERNAL.
     Internal,
+    /// The upstream already has `limits.max_upstream_requests` in flight: 503 /
+    /// RESOURCE_EXHAUSTED, at once, without queueing.
+    Overloaded,
+    /// The client's body framing was broken or cut (bad chunk, a reset mid-body): 400 /
+    /// INVALID_ARGUMENT; the client's fault, not the upstream's.
+    ClientBody,
+    /// CONNECT: the proxy forwards requests, it does not open tunnels: 405 / UNIMPLEMENTED.
+    MethodNotAllowed,
 }
 
 impl Failure {
@@ -42,6 +54,9 @@ impl Failure {
             Self::RequestTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             Self::HeadersTooLarge => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
             Self::Internal => StatusCode::INTERNAL_SERVER_ERROR,
+            Self::Overloaded => StatusCode::SERVICE_UNAVAILABLE,
+            Self::ClientBody => StatusCode::BAD_REQUEST,
+            Self::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
         }
     }
 
@@ -49,13 +64,18 @@ impl Failure {
         match self {
             Self::UpstreamUnavailable => GrpcCode::Unavailable,
             Self::UpstreamTimeout => GrpcCode::DeadlineExceeded,
-            Self::RequestTooLarge | Self::HeadersTooLarge => GrpcCode::ResourceExhausted,
+            Self::RequestTooLarge | Self::HeadersTooLarge | Self::Overloaded => {
+                GrpcCode::ResourceExhausted
+            }
             Self::Internal => GrpcCode::Internal,
+            Self::ClientBody => GrpcCode::InvalidArgument,
+            Self::MethodNotAllowed => GrpcCode::Unimplemented,
         }
     }
 }
 
-/// Builds the error response for a REST or gRPC client.
+/// Builds the error response for a REST or gRPC client. `message` goes to the client: it
+/// must name nothing internal (no upstream address, no OS error; those go to the log).
 pub fn error_response(
     failure: Failure,
     grpc: bool,
@@ -87,6 +107,16 @@ pub fn error_response(
         header::CONTENT_TYPE,
         HeaderValue::from_static("application/json"),
     );
+    if failure == Failure::Overloaded {
+        resp.headers_mut()
+            .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+    }
+    if failure == Failure::MethodNotAllowed {
+        resp.headers_mut().insert(
+            header::ALLOW,
+            HeaderValue::from_static("GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS"),
+        );
+    }
     resp
 }
 

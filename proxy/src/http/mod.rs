@@ -2,10 +2,14 @@
 //! request is forwarded over pooled plaintext upstream connections: HTTP/1.1 for REST, h2c
 //! with prior knowledge for gRPC. Bodies stream both ways; trailers pass through.
 //!
-//! This module knows nothing of TLS providers: it is handed a decrypted stream.
+//! It also keeps each connection's deadlines (first request, idle, stall, maximum age,
+//! drain) and its reset budget, the upstream's request cap, and the request buffer budget
+//! (see [`budget`]). It knows nothing of TLS providers: it is handed a decrypted stream.
 
 mod body;
+mod budget;
 mod errors;
+mod trust;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -23,22 +27,28 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulConnection;
 use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::sync::Semaphore;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::admin::ListenerMetrics;
 use crate::config::{Limits, UpstreamProtocol};
-use crate::io::Activity;
+use crate::io::{Activity, Quiet, QuietLimits, RequestGuard};
 use crate::upstream::UpstreamAddr;
 
-pub use body::{CappedBody, RequestBodyError, ResponseBody};
+pub use body::{CappedBody, RequestBodyError, ResponseBody, UpstreamSlot};
+pub use budget::{BufferBudget, WindowGrant};
 use errors::{error_response, Failure};
+pub use trust::TrustedProxies;
 
 /// HTTP/2 flow-control windows. hyper's defaults (64 KiB) make one 800 KB upsert take a
 /// dozen round trips of WINDOW_UPDATEs; these let a whole UPSERT_100 fly at once while
 /// bounding what a single stream can buffer.
 const H2_STREAM_WINDOW: u32 = 4 * 1024 * 1024;
-const H2_CONNECTION_WINDOW: u32 = 16 * 1024 * 1024;
+/// The largest connection window; the request buffer budget grants less when it is short.
+pub const H2_CONNECTION_WINDOW: u32 = 16 * 1024 * 1024;
+/// A connection that cancelled too many streams gets its GOAWAY and this long to read it.
+const RESET_FLOOD_DRAIN: Duration = Duration::from_secs(1);
 /// Idle upstream connections kept per upstream: one per client connection in flight at a
 /// typical benchmark concurrency, so keep-alive upstream reuse is the norm.
 const UPSTREAM_POOL_MAX_IDLE: usize = 256;
@@ -60,41 +70,65 @@ pub struct HttpForwarder {
     http1: UpstreamClient,
     h2c: UpstreamClient,
     limits: Limits,
+    quiet: QuietLimits,
+    upstream_slots: Arc<Semaphore>,
+    budget: Arc<BufferBudget>,
+    trusted: TrustedProxies,
     metrics: ListenerMetrics,
 }
 
 impl HttpForwarder {
-    /// Builds the pooled upstream clients for one listener.
+    /// Builds the pooled upstream clients for one listener. `trusted` proxies may set
+    /// X-Forwarded-For; everybody else's is replaced.
     pub fn new(
         upstream: UpstreamAddr,
         protocol: UpstreamProtocol,
         limits: Limits,
         metrics: ListenerMetrics,
+        budget: Arc<BufferBudget>,
+        trusted: TrustedProxies,
     ) -> Self {
         let mut connector = HttpConnector::new();
         connector.set_nodelay(true);
         connector.set_connect_timeout(Some(limits.upstream_connect_timeout));
+        // The write queues are part of the request buffer budget (see `budget`).
         let http1 = Client::builder(TokioExecutor::new())
             .pool_idle_timeout(UPSTREAM_POOL_IDLE_TIMEOUT)
             .pool_max_idle_per_host(UPSTREAM_POOL_MAX_IDLE)
             .pool_timer(TokioTimer::new())
+            .http1_max_buf_size(budget::UPSTREAM_WRITE_BUFFER)
             .build(connector.clone());
         let h2c = Client::builder(TokioExecutor::new())
             .http2_only(true)
             .http2_initial_stream_window_size(H2_STREAM_WINDOW)
             .http2_initial_connection_window_size(H2_CONNECTION_WINDOW)
+            .http2_max_send_buf_size(budget::UPSTREAM_WRITE_BUFFER)
             .pool_idle_timeout(UPSTREAM_POOL_IDLE_TIMEOUT)
             .pool_timer(TokioTimer::new())
             .timer(TokioTimer::new())
             .build(connector);
+        let quiet = QuietLimits {
+            first_request: limits.first_request_timeout,
+            idle: limits.idle_timeout,
+            stall: limits.stall_timeout,
+        };
         Self {
             upstream,
             protocol,
             http1,
             h2c,
+            upstream_slots: Arc::new(Semaphore::new(limits.max_upstream_requests)),
+            quiet,
             limits,
+            budget,
+            trusted,
             metrics,
         }
+    }
+
+    /// The deadlines of this listener's connections.
+    pub fn quiet_limits(&self) -> &QuietLimits {
+        &self.quiet
     }
 
     /// Serves one decrypted client connection until it closes, goes idle, or `shutdown`
@@ -115,41 +149,122 @@ impl HttpForwarder {
             // Computed once per connection, not per request.
             peer_ip: HeaderValue::from_str(&peer.ip().to_string())
                 .expect("an IP address is a valid header value"),
+            peer_trusted: self.trusted.contains(peer.ip()),
             client_protocol: if h2 { "h2" } else { "http1" },
+            activity: activity.clone(),
         };
         let io = TokioIo::new(io);
         let limits = &self.limits;
         if h2 {
+            // Held for the connection's life: its window is reserved from the budget.
+            let grant = self.budget.grant_h2_window();
+            let window = grant.connection_window();
             let conn = http2::Builder::new(TokioExecutor::new())
                 .timer(TokioTimer::new())
                 .max_concurrent_streams(limits.h2_max_concurrent_streams)
                 .max_header_list_size(limits.max_header_bytes as u32)
-                .initial_stream_window_size(H2_STREAM_WINDOW)
-                .initial_connection_window_size(H2_CONNECTION_WINDOW)
+                .initial_stream_window_size(H2_STREAM_WINDOW.min(window))
+                .initial_connection_window_size(window)
+                .keep_alive_interval(limits.h2_keepalive_interval)
+                .keep_alive_timeout(limits.h2_keepalive_timeout)
                 .serve_connection(io, svc);
-            drive(conn, activity, limits.idle_timeout, shutdown).await
+            let result = self.drive(conn, &activity, shutdown).await;
+            drop(grant);
+            result
         } else {
             let conn = http1::Builder::new()
                 .timer(TokioTimer::new())
                 .header_read_timeout(limits.header_read_timeout)
                 .max_buf_size(limits.max_header_bytes)
                 .serve_connection(io, svc);
-            drive(conn, activity, limits.idle_timeout, shutdown).await
+            self.drive(conn, &activity, shutdown).await
+        }
+    }
+
+    /// Runs a hyper connection to its end, enforcing its deadlines: when it has been quiet
+    /// too long (see [`Quiet`]), reaches its maximum age, cancels too many streams, or the
+    /// proxy drains, it is asked to close gracefully (HTTP/2 GOAWAY; HTTP/1.1 after the
+    /// response in flight); one that has not closed after the drain timeout, or that
+    /// stalled, is closed hard by dropping it.
+    async fn drive<C>(
+        &self,
+        conn: C,
+        activity: &Activity,
+        shutdown: CancellationToken,
+    ) -> Result<(), hyper::Error>
+    where
+        C: GracefulConnection<Error = hyper::Error>,
+    {
+        let limits = &self.limits;
+        let mut conn = pin!(conn);
+        let max_age = async {
+            match limits.max_connection_age {
+                Some(age) => tokio::time::sleep(age).await,
+                None => std::future::pending().await,
+            }
+        };
+        let mut max_age = pin!(max_age);
+        let drain = tokio::time::sleep(Duration::MAX / 4);
+        let mut drain = pin!(drain);
+        let mut closing = false;
+        let mut draining = false;
+        loop {
+            let (reason, drain_for) = tokio::select! {
+                res = conn.as_mut() => return res,
+                _ = shutdown.cancelled(), if !closing => {
+                    // The process's shutdown grace bounds this drain.
+                    closing = true;
+                    conn.as_mut().graceful_shutdown();
+                    continue;
+                }
+                quiet = activity.wait_quiet(&self.quiet), if !closing => {
+                    if quiet == Quiet::Stalled {
+                        // Nothing can be delivered to this client: no point in a GOAWAY.
+                        self.metrics.connection_closed(quiet.label());
+                        return Ok(());
+                    }
+                    (quiet.label(), limits.drain_timeout)
+                }
+                _ = &mut max_age, if !closing => ("max_age", limits.drain_timeout),
+                _ = activity.flooding(), if !closing => {
+                    crate::peer_warn!(
+                        listener = %self.metrics.name(),
+                        cancelled = activity.requests_cancelled(),
+                        started = activity.requests_started(),
+                        "client cancelled too many streams (rapid reset): closing its connection"
+                    );
+                    ("reset_flood", RESET_FLOOD_DRAIN.min(limits.drain_timeout))
+                }
+                _ = &mut drain, if draining => {
+                    self.metrics.connection_closed("drain_deadline");
+                    return Ok(());
+                }
+            };
+            self.metrics.connection_closed(reason);
+            closing = true;
+            draining = true;
+            drain.as_mut().reset(Instant::now() + drain_for);
+            conn.as_mut().graceful_shutdown();
         }
     }
 
     async fn forward(
         &self,
         req: Request<Incoming>,
-        peer_ip: &HeaderValue,
-        client_protocol: &'static str,
+        client: &ForwardService,
+        request: RequestGuard,
     ) -> Response<ResponseBody> {
         let started = Instant::now();
         let grpc = is_grpc(req.headers());
-        let protocol_label = if grpc { "grpc" } else { client_protocol };
-        let resp = self.exchange(req, grpc, peer_ip, started).await;
+        let head_only = req.method() == http::Method::HEAD;
+        let protocol_label = if grpc { "grpc" } else { client.client_protocol };
+        let mut resp = self.exchange(req, grpc, client, started).await;
         self.metrics
             .request(protocol_label, resp.status(), started.elapsed());
+        let bodiless = head_only
+            || resp.status() == http::StatusCode::NO_CONTENT
+            || resp.status() == http::StatusCode::NOT_MODIFIED;
+        resp.body_mut().track(request, bodiless);
         resp
     }
 
@@ -157,12 +272,27 @@ impl HttpForwarder {
         &self,
         req: Request<Incoming>,
         grpc: bool,
-        peer_ip: &HeaderValue,
+        client: &ForwardService,
         started: Instant,
     ) -> Response<ResponseBody> {
         let fail = |failure: Failure, msg: &str| {
             error_response(failure, grpc, msg, started.elapsed().as_secs_f64())
         };
+        if client.activity.is_flooding() {
+            // The connection is being closed for resetting too many streams; until the
+            // client has read the GOAWAY, its new streams cost the upstream nothing.
+            return fail(
+                Failure::Overloaded,
+                "this connection cancelled too many requests and is closing",
+            );
+        }
+        if req.method() == http::Method::CONNECT {
+            self.metrics.client_error("method");
+            return fail(
+                Failure::MethodNotAllowed,
+                "CONNECT is not served: the proxy forwards requests, it opens no tunnels",
+            );
+        }
         // hyper bounds its read buffer, but a head that arrives in one read can exceed it;
         // this check makes the configured limit exact for HTTP/1.1 and HTTP/2 alike.
         let head_bytes: usize = req
@@ -203,7 +333,18 @@ impl HttpForwarder {
             UpstreamProtocol::Http1 => false,
             UpstreamProtocol::Auto => grpc,
         };
+        // At the cap the answer is immediate: queueing would hold the client's slot and
+        // body while the upstream is already saturated.
+        let Ok(permit) = self.upstream_slots.clone().try_acquire_owned() else {
+            self.metrics.upstream_rejected.inc();
+            return fail(
+                Failure::Overloaded,
+                "the upstream is at its limit of concurrent requests; retry later",
+            );
+        };
+        let slot = UpstreamSlot::new(permit, self.metrics.upstream_in_flight.clone());
         let (mut parts, body) = req.into_parts();
+        let client_authority = parts.uri.authority().cloned();
         let path_and_query = parts.uri.path_and_query().map_or("/", |p| p.as_str());
         parts.uri = match Uri::builder()
             .scheme("http")
@@ -227,13 +368,20 @@ impl HttpForwarder {
                 .headers
                 .insert(header::TE, HeaderValue::from_static("trailers"));
         }
-        if parts.version == Version::HTTP_2 {
-            if let Some(authority) = parts_authority(&parts.headers, &self.upstream) {
-                // HTTP/2 carries the host in :authority; an HTTP/1.1 upstream needs Host.
-                parts.headers.entry(header::HOST).or_insert(authority);
+        if use_h2c {
+            // HTTP/2 names the host in :authority (from the URI) and nowhere else: a host
+            // header beside it is a "duplicate host" 400 for nginx and others.
+            parts.headers.remove(header::HOST);
+        } else if !parts.headers.contains_key(header::HOST) {
+            // An HTTP/2 client named the host in :authority; an HTTP/1.1 upstream needs Host.
+            let host = client_authority
+                .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
+                .or_else(|| HeaderValue::from_str(self.upstream.authority.as_str()).ok());
+            if let Some(host) = host {
+                parts.headers.insert(header::HOST, host);
             }
         }
-        append_forwarded_for(&mut parts.headers, peer_ip);
+        set_forwarded_for(&mut parts.headers, &client.peer_ip, client.peer_trusted);
         parts.headers.insert(
             HeaderName::from_static("x-forwarded-proto"),
             HeaderValue::from_static("https"),
@@ -243,7 +391,10 @@ impl HttpForwarder {
         } else {
             Version::HTTP_11
         };
-        let upstream_req = Request::from_parts(parts, CappedBody::new(body, max_body));
+        let upstream_req = Request::from_parts(
+            parts,
+            CappedBody::new(body, max_body, client.activity.clone()),
+        );
         let client = if use_h2c { &self.h2c } else { &self.http1 };
 
         let result = tokio::time::timeout(
@@ -255,63 +406,47 @@ impl HttpForwarder {
             Ok(Ok(resp)) => {
                 let (mut parts, body) = resp.into_parts();
                 strip_hop_by_hop(&mut parts.headers);
-                Response::from_parts(parts, ResponseBody::Upstream(body))
+                Response::from_parts(parts, ResponseBody::upstream(body, slot))
             }
             Ok(Err(e)) => {
-                let (failure, kind) = classify(&e);
-                if let Some(kind) = kind {
-                    self.metrics.upstream_error(kind);
-                }
-                tracing::debug!(error = %error_chain(&e), upstream = %self.upstream, "upstream request failed");
+                let failure = classify(&e);
+                // The details (address, OS error) go to the log, never to the client.
                 let msg = match failure {
                     Failure::RequestTooLarge => {
                         format!("request body larger than the proxy's limit of {max_body} bytes")
                     }
-                    _ => format!(
-                        "upstream {} unavailable: {}",
-                        self.upstream,
-                        error_chain(&e)
-                    ),
+                    Failure::ClientBody => {
+                        self.metrics.client_error("body");
+                        "the request body was malformed or cut off".to_owned()
+                    }
+                    Failure::UpstreamTimeout => {
+                        self.metrics.upstream_error("connect_timeout");
+                        crate::peer_warn!(listener = %self.metrics.name(), upstream = %self.upstream, error = %error_chain(&e), "upstream connect timed out");
+                        "the upstream did not accept the connection in time".to_owned()
+                    }
+                    _ => {
+                        let kind = if e.is_connect() {
+                            "connect"
+                        } else {
+                            "protocol"
+                        };
+                        self.metrics.upstream_error(kind);
+                        crate::peer_warn!(listener = %self.metrics.name(), upstream = %self.upstream, error = %error_chain(&e), "upstream request failed");
+                        "the upstream is unavailable".to_owned()
+                    }
                 };
                 fail(failure, &msg)
             }
             Err(_) => {
                 self.metrics.upstream_error("timeout");
+                crate::peer_warn!(listener = %self.metrics.name(), upstream = %self.upstream, timeout = ?self.limits.upstream_response_timeout, "upstream did not answer in time");
                 fail(
                     Failure::UpstreamTimeout,
                     &format!(
-                        "upstream {} did not answer within {:?}",
-                        self.upstream, self.limits.upstream_response_timeout
+                        "the upstream did not answer within {:?}",
+                        self.limits.upstream_response_timeout
                     ),
                 )
-            }
-        }
-    }
-}
-
-/// Runs a hyper connection, asking it to finish gracefully when the proxy drains or when no
-/// bytes have moved for `idle` (graceful: a request still in flight completes first).
-async fn drive<C>(
-    conn: C,
-    activity: Arc<Activity>,
-    idle: Duration,
-    shutdown: CancellationToken,
-) -> Result<(), hyper::Error>
-where
-    C: GracefulConnection<Error = hyper::Error>,
-{
-    let mut conn = pin!(conn);
-    let mut closing = false;
-    loop {
-        tokio::select! {
-            res = conn.as_mut() => return res,
-            _ = shutdown.cancelled(), if !closing => {
-                closing = true;
-                conn.as_mut().graceful_shutdown();
-            }
-            _ = activity.wait_idle(idle), if !closing => {
-                closing = true;
-                conn.as_mut().graceful_shutdown();
             }
         }
     }
@@ -322,7 +457,9 @@ where
 struct ForwardService {
     forwarder: Arc<HttpForwarder>,
     peer_ip: HeaderValue,
+    peer_trusted: bool,
     client_protocol: &'static str,
+    activity: Arc<Activity>,
 }
 
 impl hyper::service::Service<Request<Incoming>> for ForwardService {
@@ -331,13 +468,13 @@ impl hyper::service::Service<Request<Incoming>> for ForwardService {
     type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Self::Error>> + Send>>;
 
     fn call(&self, req: Request<Incoming>) -> Self::Future {
+        // Started here, so a stream the client resets while the upstream is still working
+        // (hyper drops this future) counts as cancelled, and the upstream request with it.
+        let request = self
+            .activity
+            .request_started(self.forwarder.limits.h2_max_reset_streams);
         let this = self.clone();
-        Box::pin(async move {
-            Ok(this
-                .forwarder
-                .forward(req, &this.peer_ip, this.client_protocol)
-                .await)
-        })
+        Box::pin(async move { Ok(this.forwarder.forward(req, &this, request).await) })
     }
 }
 
@@ -361,13 +498,6 @@ fn te_is_trailers(headers: &HeaderMap) -> bool {
         .get_all(header::TE)
         .iter()
         .any(|v| v.as_bytes().eq_ignore_ascii_case(b"trailers"))
-}
-
-fn parts_authority(headers: &HeaderMap, upstream: &UpstreamAddr) -> Option<HeaderValue> {
-    if headers.contains_key(header::HOST) {
-        return None;
-    }
-    HeaderValue::from_str(upstream.authority.as_str()).ok()
 }
 
 /// Hop-by-hop headers (RFC 9110 7.6.1) describe one connection and must not be forwarded,
@@ -398,8 +528,17 @@ fn strip_hop_by_hop(headers: &mut HeaderMap) {
     }
 }
 
-fn append_forwarded_for(headers: &mut HeaderMap, peer_ip: &HeaderValue) {
+/// X-Forwarded-For names the peer. A trusted proxy's list is extended; anybody else's
+/// is replaced, and their Forwarded and X-Real-IP dropped, so the upstream never takes a
+/// client's word for its own address.
+fn set_forwarded_for(headers: &mut HeaderMap, peer_ip: &HeaderValue, peer_trusted: bool) {
     let name = HeaderName::from_static("x-forwarded-for");
+    if !peer_trusted {
+        headers.remove(header::FORWARDED);
+        headers.remove(HeaderName::from_static("x-real-ip"));
+        headers.insert(name, peer_ip.clone());
+        return;
+    }
     let combined = headers.get(&name).and_then(|prev| {
         let mut v = Vec::with_capacity(prev.len() + 2 + peer_ip.len());
         v.extend_from_slice(prev.as_bytes());
@@ -410,23 +549,24 @@ fn append_forwarded_for(headers: &mut HeaderMap, peer_ip: &HeaderValue) {
     headers.insert(name, combined.unwrap_or_else(|| peer_ip.clone()));
 }
 
-/// Decides the answer and the metric label for a failed upstream exchange.
-fn classify(e: &hyper_util::client::legacy::Error) -> (Failure, Option<&'static str>) {
+/// Decides whose fault a failed exchange was and the answer it gets.
+fn classify(e: &hyper_util::client::legacy::Error) -> Failure {
     let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
     while let Some(err) = source {
-        if let Some(RequestBodyError::TooLarge) = err.downcast_ref::<RequestBodyError>() {
-            return (Failure::RequestTooLarge, None);
+        match err.downcast_ref::<RequestBodyError>() {
+            Some(RequestBodyError::TooLarge) => return Failure::RequestTooLarge,
+            Some(RequestBodyError::Client(_)) => return Failure::ClientBody,
+            None => {}
         }
         source = err.source();
     }
     if e.is_connect() {
-        let timed_out = error_chain(e).contains("timed out") || error_chain(e).contains("timeout");
-        if timed_out {
-            return (Failure::UpstreamTimeout, Some("connect_timeout"));
+        let chain = error_chain(e);
+        if chain.contains("timed out") || chain.contains("timeout") {
+            return Failure::UpstreamTimeout;
         }
-        return (Failure::UpstreamUnavailable, Some("connect"));
     }
-    (Failure::UpstreamUnavailable, Some("protocol"))
+    Failure::UpstreamUnavailable
 }
 
 /// "outer: inner: innermost", for messages that say what actually happened.
@@ -471,12 +611,15 @@ mod tests {
     }
 
     #[test]
-    fn forwarded_for_appends() {
+    fn forwarded_for_is_extended_for_trusted_peers_only() {
         let mut h = HeaderMap::new();
-        let ip = HeaderValue::from_static("127.0.0.1");
-        append_forwarded_for(&mut h, &ip);
+        h.insert("x-forwarded-for", HeaderValue::from_static("6.6.6.6"));
+        h.insert(header::FORWARDED, HeaderValue::from_static("for=6.6.6.6"));
+        h.insert("x-real-ip", HeaderValue::from_static("6.6.6.6"));
+        set_forwarded_for(&mut h, &HeaderValue::from_static("127.0.0.1"), false);
         assert_eq!(h["x-forwarded-for"], "127.0.0.1");
-        append_forwarded_for(&mut h, &HeaderValue::from_static("10.0.0.9"));
+        assert!(!h.contains_key(header::FORWARDED) && !h.contains_key("x-real-ip"));
+        set_forwarded_for(&mut h, &HeaderValue::from_static("10.0.0.9"), true);
         assert_eq!(h["x-forwarded-for"], "127.0.0.1, 10.0.0.9");
     }
 }

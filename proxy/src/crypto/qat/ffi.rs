@@ -200,8 +200,10 @@ pub(super) fn probe_sign(pem: &[u8]) -> Result<SigningProof, String> {
         {
             return Err(openssl_errors());
         }
-        let signature_provider =
-            cstr_to_string(OSSL_PROVIDER_get0_name(EVP_PKEY_CTX_get0_provider(pctx)));
+        if pctx.is_null() {
+            return Err("EVP_DigestSignInit_ex succeeded but gave no key context".to_owned());
+        }
+        let signature_provider = provider_name(EVP_PKEY_CTX_get0_provider(pctx));
         let mut len = 0usize;
         if sys::EVP_DigestSign(
             mdctx,
@@ -224,9 +226,7 @@ pub(super) fn probe_sign(pem: &[u8]) -> Result<SigningProof, String> {
         {
             return Err(openssl_errors());
         }
-        let key_provider = cstr_to_string(OSSL_PROVIDER_get0_name(EVP_PKEY_get0_provider(
-            pkey.as_ptr(),
-        )));
+        let key_provider = provider_name(EVP_PKEY_get0_provider(pkey.as_ptr()));
         Ok(SigningProof {
             operation,
             signature_provider,
@@ -234,4 +234,15 @@ pub(super) fn probe_sign(pem: &[u8]) -> Result<SigningProof, String> {
             signature_len: len,
         })
     }
+}
+
+/// The name of `prov`; OpenSSL returns no provider for legacy (engine or built-in)
+/// implementations, and OSSL_PROVIDER_get0_name dereferences its argument unchecked.
+fn provider_name(prov: *const sys::OSSL_PROVIDER) -> String {
+    if prov.is_null() {
+        return "(no provider: a legacy implementation)".to_owned();
+    }
+    // SAFETY: `prov` is a live provider handle OpenSSL returned; the name it gives is a
+    // NUL-terminated string owned by the provider.
+    cstr_to_string(unsafe { OSSL_PROVIDER_get0_name(prov) })
 }

@@ -1,0 +1,161 @@
+//! The request buffer budget: a bound on the request bytes the proxy can hold across all
+//! its connections, kept by the flow-control windows it advertises rather than by refusing
+//! data it already has.
+//!
+//! What can hold request bytes, and how each is bounded:
+//! - an HTTP/1.1 connection: hyper's read buffer, capped at `max_header_bytes` (hyper reads
+//!   the body only as fast as the upstream takes it);
+//! - an HTTP/2 connection: its connection receive window (data the client may send before
+//!   the proxy consumes it); every connection is promised the protocol's minimum of 64 KiB
+//!   and may get up to 16 MiB more, granted here from what the budget has left;
+//! - a request on its way upstream: hyper's client write queue (capped at
+//!   [`UPSTREAM_WRITE_BUFFER`]) plus the frame in hand.
+//!
+//! The floors of every possible connection and upstream request are set aside at start-up
+//! (the configuration is refused if they do not fit), so the sum of all grants never
+//! exceeds the budget: 1,000 clients pushing bodies at a stalled upstream slow down
+//! instead of growing the proxy.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use prometheus::IntGauge;
+
+use crate::config::Limits;
+
+/// HTTP/2's initial window (RFC 9113 6.9.2): every connection can be sent this much
+/// before any WINDOW_UPDATE, so it is each connection's floor.
+const H2_MIN_WINDOW: u64 = 65_535;
+/// hyper's upstream client write queue: request bytes accepted from the client and not
+/// yet written to the upstream socket, per upstream request.
+pub const UPSTREAM_WRITE_BUFFER: usize = 64 * 1024;
+/// Beside the write queue, one received frame or read chunk in hand per upstream request.
+const UPSTREAM_IN_HAND: u64 = 64 * 1024;
+/// A grant takes at most this share of what is left, so the first connections do not
+/// take it all and later ones still get more than the floor.
+const GRANT_SHARE: u64 = 8;
+
+/// The shared budget.
+#[derive(Debug)]
+pub struct BufferBudget {
+    /// Bytes not set aside for floors, still free for HTTP/2 windows above the floor.
+    flexible: AtomicU64,
+    max_extra_window: u64,
+    reserved: IntGauge,
+}
+
+impl BufferBudget {
+    /// Bytes set aside for every connection's and upstream request's floor.
+    fn floors(l: &Limits) -> u64 {
+        let per_connection = H2_MIN_WINDOW.max(l.max_header_bytes as u64);
+        let per_upstream_request = UPSTREAM_WRITE_BUFFER as u64 + UPSTREAM_IN_HAND;
+        (l.max_connections as u64).saturating_mul(per_connection)
+            + (l.max_upstream_requests as u64).saturating_mul(per_upstream_request)
+    }
+
+    /// Refuses a budget smaller than the floors it must hold.
+    pub fn check(l: &Limits) -> Result<(), String> {
+        let floors = Self::floors(l);
+        if floors > l.request_buffer_budget {
+            return Err(format!(
+                "limits.request_buffer_budget = {} bytes cannot hold the floors of limits.max_connections = {} connections (64 KiB or max_header_bytes each) and limits.max_upstream_requests = {} upstream requests (128 KiB each): {floors} bytes; raise the budget or lower the limits",
+                l.request_buffer_budget, l.max_connections, l.max_upstream_requests
+            ));
+        }
+        Ok(())
+    }
+
+    /// A budget for these limits; `reserved` shows what is set aside or granted.
+    pub fn new(l: &Limits, max_connection_window: u32, reserved: IntGauge) -> Arc<Self> {
+        let floors = Self::floors(l).min(l.request_buffer_budget);
+        reserved.set(floors as i64);
+        Arc::new(Self {
+            flexible: AtomicU64::new(l.request_buffer_budget - floors),
+            max_extra_window: u64::from(max_connection_window).saturating_sub(H2_MIN_WINDOW),
+            reserved,
+        })
+    }
+
+    /// The receive window for a new HTTP/2 connection: the floor plus a share of what is
+    /// left, returned to the budget when the grant is dropped.
+    pub fn grant_h2_window(self: &Arc<Self>) -> WindowGrant {
+        let mut extra = 0;
+        let _ = self
+            .flexible
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |free| {
+                extra = (free / GRANT_SHARE).min(self.max_extra_window);
+                Some(free - extra)
+            });
+        self.reserved.add(extra as i64);
+        WindowGrant {
+            budget: self.clone(),
+            extra,
+        }
+    }
+}
+
+/// One HTTP/2 connection's share of the budget.
+#[derive(Debug)]
+pub struct WindowGrant {
+    budget: Arc<BufferBudget>,
+    extra: u64,
+}
+
+impl WindowGrant {
+    /// The connection receive window to advertise.
+    pub fn connection_window(&self) -> u32 {
+        (H2_MIN_WINDOW + self.extra) as u32
+    }
+}
+
+impl Drop for WindowGrant {
+    fn drop(&mut self) {
+        self.budget.flexible.fetch_add(self.extra, Ordering::AcqRel);
+        self.budget.reserved.sub(self.extra as i64);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn limits(budget: u64, connections: usize, upstream: usize) -> Limits {
+        Limits {
+            request_buffer_budget: budget,
+            max_connections: connections,
+            max_upstream_requests: upstream,
+            ..Limits::default()
+        }
+    }
+
+    #[test]
+    fn defaults_fit_and_too_small_a_budget_is_refused() {
+        assert!(BufferBudget::check(&Limits::default()).is_ok());
+        let err = BufferBudget::check(&limits(64 << 20, 10_000, 1024)).unwrap_err();
+        assert!(err.contains("request_buffer_budget"), "{err}");
+    }
+
+    #[test]
+    fn grants_never_exceed_the_budget_and_return_when_dropped() {
+        let l = limits(256 << 20, 1000, 64);
+        let gauge = IntGauge::new("reserved", "test").unwrap();
+        let budget = BufferBudget::new(&l, 16 << 20, gauge.clone());
+        let grants: Vec<WindowGrant> = (0..1000).map(|_| budget.grant_h2_window()).collect();
+        let windows: u64 = grants
+            .iter()
+            .map(|g| u64::from(g.connection_window()))
+            .sum();
+        assert!(windows <= 256 << 20, "windows {windows} exceed the budget");
+        assert_eq!(
+            grants[0].connection_window(),
+            16 << 20,
+            "the first gets the most"
+        );
+        assert!(grants
+            .iter()
+            .all(|g| u64::from(g.connection_window()) >= H2_MIN_WINDOW));
+        assert!(gauge.get() as u64 <= 256 << 20);
+        drop(grants);
+        assert_eq!(gauge.get() as u64, BufferBudget::floors(&l));
+    }
+}

@@ -31,6 +31,7 @@ const GOAWAY: u8 = 0x7;
 const END_STREAM: u8 = 0x1;
 const END_HEADERS: u8 = 0x4;
 const SETTINGS_INITIAL_WINDOW_SIZE: u16 = 0x4;
+const ENHANCE_YOUR_CALM: u32 = 0xb;
 
 fn frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
     let len = payload.len() as u32;
@@ -531,9 +532,9 @@ async fn concurrent_upstream_requests_are_capped() {
 // 3. Rapid reset at any pace
 
 /// HEADERS, a short pause (so the proxy has accepted and forwarded the stream), RST_STREAM:
-/// 2,000 streams went through without a GOAWAY; now the connection is told to go away and
-/// closed once it has cancelled more than its budget, and each reset cancels its upstream
-/// request.
+/// 2,000 streams went through without a GOAWAY; now the connection gets GOAWAY
+/// ENHANCE_YOUR_CALM and is closed once it has cancelled more than its budget, and each
+/// reset cancels its upstream request.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn paced_rapid_reset_closes_the_connection_and_cancels_upstream_requests() {
     let upstream = CountingUpstream::start(Some(Duration::from_secs(20)));
@@ -566,6 +567,10 @@ async fn paced_rapid_reset_closes_the_connection_and_cancels_upstream_requests()
     assert!(
         !seen.goaway_codes.is_empty() && seen.closed_after.is_some(),
         "no GOAWAY or close after {sent} reset streams: {seen:?}"
+    );
+    assert!(
+        seen.goaway_codes.iter().all(|c| *c == ENHANCE_YOUR_CALM),
+        "GOAWAY says ENHANCE_YOUR_CALM: {seen:?}"
     );
     assert!(sent < 2000, "all 2,000 streams went through");
     // The budget is 100 cancelled streams; a few more may be in flight when it trips.
@@ -601,7 +606,7 @@ async fn paced_rapid_reset_closes_the_connection_and_cancels_upstream_requests()
 async fn a_thousand_connections_pushing_at_a_stalled_upstream_stay_within_the_budget() {
     raise_open_file_limit();
     const CONNECTIONS: usize = 1000;
-    const BUDGET: u64 = 256 << 20;
+    const BUDGET: u64 = 768 << 20;
     let upstream = CountingUpstream::start(None);
     let proxy = proxy_in_front_of(
         &upstream.url(),

@@ -298,7 +298,7 @@ pub fn resolve(config_file: Option<&PathBuf>, o: &Overrides) -> Result<Config, C
         cfg.limits.max_upstream_requests = n;
     }
     if let Some(n) = o.request_buffer_budget {
-        cfg.limits.request_buffer_budget = n;
+        cfg.limits.request_buffer_budget_bytes = Some(n);
     }
     if !o.trusted_proxies.is_empty() {
         cfg.trusted_proxies = o.trusted_proxies.clone();

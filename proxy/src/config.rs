@@ -64,15 +64,19 @@ pub const DEFAULT_H2_KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(20);
 /// Concurrent requests forwarded to one upstream; beyond it the proxy answers 503 (gRPC
 /// RESOURCE_EXHAUSTED) at once. HTTP/1.1 upstreams get one connection per request in
 /// flight, so this also caps their connections. Qdrant serves a few hundred concurrent
-/// requests per node well; thousands only queue inside it.
-pub const DEFAULT_MAX_UPSTREAM_REQUESTS: usize = 1024;
+/// requests per node well; thousands only queue inside it. With the default connection
+/// limit, the floors of both fit the default request buffer budget.
+pub const DEFAULT_MAX_UPSTREAM_REQUESTS: usize = 512;
 /// Streams a client may cancel before completion (h2 RST_STREAM) before its connection is
 /// closed, once they are also half of its streams: rapid reset at any pace
 /// (CVE-2023-44487) costs the upstream at most this many requests per connection.
 pub const DEFAULT_H2_MAX_RESET_STREAMS: u64 = 100;
 /// Request bytes the proxy may hold across all connections (HTTP/2 receive windows,
 /// HTTP/1.1 read buffers, bodies on their way upstream); enforced by the flow-control
-/// windows it advertises, so clients are slowed, never buffered beyond it.
+/// windows it advertises, so clients are slowed, never buffered beyond it. When not set:
+/// this, or if more, what `max_connections` (64 KiB each) and `max_upstream_requests`
+/// (464 KiB each) need at their floors plus an eighth of this for larger windows (see
+/// [`Limits::request_buffer_budget`]).
 pub const DEFAULT_REQUEST_BUFFER_BUDGET: u64 = 1024 * 1024 * 1024;
 
 /// The whole proxy configuration.
@@ -200,8 +204,21 @@ pub struct Limits {
     pub max_upstream_requests: usize,
     /// See [`DEFAULT_H2_MAX_RESET_STREAMS`].
     pub h2_max_reset_streams: u64,
-    /// See [`DEFAULT_REQUEST_BUFFER_BUDGET`].
-    pub request_buffer_budget: u64,
+    /// See [`DEFAULT_REQUEST_BUFFER_BUDGET`]; `None`: derived from the other limits.
+    #[serde(rename = "request_buffer_budget")]
+    pub request_buffer_budget_bytes: Option<u64>,
+}
+
+impl Limits {
+    /// The request buffer budget in effect: the configured one, or the default grown to
+    /// fit the floors of `max_connections` and `max_upstream_requests`, so raising those
+    /// alone never makes a configuration invalid.
+    pub fn request_buffer_budget(&self) -> u64 {
+        self.request_buffer_budget_bytes.unwrap_or_else(|| {
+            DEFAULT_REQUEST_BUFFER_BUDGET
+                .max(crate::http::BufferBudget::floors(self) + DEFAULT_REQUEST_BUFFER_BUDGET / 8)
+        })
+    }
 }
 
 impl Default for Limits {
@@ -226,7 +243,7 @@ impl Default for Limits {
             h2_keepalive_timeout: DEFAULT_H2_KEEPALIVE_TIMEOUT,
             max_upstream_requests: DEFAULT_MAX_UPSTREAM_REQUESTS,
             h2_max_reset_streams: DEFAULT_H2_MAX_RESET_STREAMS,
-            request_buffer_budget: DEFAULT_REQUEST_BUFFER_BUDGET,
+            request_buffer_budget_bytes: None,
         }
     }
 }
@@ -649,6 +666,20 @@ impl Config {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_example_configuration_parses_with_every_hardening_setting() {
+        let c: Config = toml::from_str(include_str!("../../config/proxy.toml"))
+            .expect("config/proxy.toml parses");
+        assert_eq!(c.listeners.len(), 2);
+        assert_eq!(
+            c.limits.max_upstream_requests,
+            DEFAULT_MAX_UPSTREAM_REQUESTS
+        );
+        assert_eq!(c.limits.drain_timeout, DEFAULT_DRAIN_TIMEOUT);
+        assert_eq!(c.admin.max_connections, DEFAULT_ADMIN_MAX_CONNECTIONS);
+        assert!(c.trusted_proxies.is_empty());
+    }
 
     #[test]
     fn empty_document_has_every_default() {

@@ -76,7 +76,7 @@ impl Proxy {
         let budget = BufferBudget::new(
             &config.limits,
             H2_CONNECTION_WINDOW,
-            metrics.buffer_budget(config.limits.request_buffer_budget),
+            metrics.buffer_budget(config.limits.request_buffer_budget()),
         );
         let trusted = TrustedProxies::parse(&config.trusted_proxies).map_err(StartupError)?;
         let (offload, pool) =

@@ -114,6 +114,8 @@ pub struct ProxyProcess {
     child: Child,
     /// First listener's address.
     pub addr: SocketAddr,
+    /// Every listener's address by name.
+    listeners: std::collections::HashMap<String, SocketAddr>,
     /// Admin address.
     pub admin: SocketAddr,
     /// Where its stderr goes.
@@ -178,13 +180,35 @@ impl ProxyProcess {
             .expect("admin address")
             .parse()
             .expect("admin addr");
+        let listeners = v["listeners"]
+            .as_object()
+            .expect("listeners")
+            .iter()
+            .map(|(name, a)| {
+                let a = a
+                    .as_str()
+                    .expect("address")
+                    .parse()
+                    .expect("socket address");
+                (name.clone(), a)
+            })
+            .collect();
         Self {
             child,
             addr,
+            listeners,
             admin,
             log,
             dir,
         }
+    }
+
+    /// The address of the listener named `name`.
+    pub fn listener(&self, name: &str) -> SocketAddr {
+        *self
+            .listeners
+            .get(name)
+            .unwrap_or_else(|| panic!("no listener {name:?}: {:?}", self.listeners))
     }
 
     /// The listener's URL authority, for request URIs.
@@ -394,11 +418,24 @@ pub struct EmbeddedQdrant {
 impl EmbeddedQdrant {
     /// Starts the server on loopback port 0 with `data` as its data folder.
     pub fn start(data: &Path) -> Self {
+        Self::start_on(
+            data,
+            "127.0.0.1:0".parse().expect("address"),
+            "127.0.0.1:0".parse().expect("address"),
+        )
+    }
+
+    /// Starts the server on these addresses (a restart on the ports it had).
+    pub fn start_on(data: &Path, rest: SocketAddr, grpc: SocketAddr) -> Self {
         let dir = temp_dir("eq-run");
         let ready = dir.join("ready.json");
         let log = dir.join("embedded-qdrant.log");
         let mut child = Command::new(binary("embedded-qdrant"))
-            .args(["--rest", "127.0.0.1:0", "--grpc", "127.0.0.1:0", "--data"])
+            .arg("--rest")
+            .arg(rest.to_string())
+            .arg("--grpc")
+            .arg(grpc.to_string())
+            .arg("--data")
             .arg(data)
             .arg("--ready-file")
             .arg(&ready)
@@ -425,6 +462,12 @@ impl EmbeddedQdrant {
         )
         .expect("SIGTERM");
         wait_bounded(&mut self.child, WAIT, "embedded-qdrant")
+    }
+
+    /// SIGKILL: a crash, with no chance to flush anything.
+    pub fn kill(mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 
     /// Its log so far.

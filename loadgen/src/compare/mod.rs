@@ -129,10 +129,16 @@ pub struct CompareArgs {
     #[arg(long)]
     pub upstream_bin: Option<PathBuf>,
 
-    /// Remote mode: the admin URL of a running proxy (e.g. http://proxy-host:9090); its
-    /// provider and certificate are switched between cells.
+    /// Remote mode: the admin URL of a running proxy (e.g. https://proxy-host:9900, served
+    /// with the proxy's admin.tls_cert and verified with --ca); its provider and
+    /// certificate are switched between cells. Plain http:// is accepted for loopback
+    /// only, or with --proxy-admin-plaintext: the bearer token would cross the network in
+    /// clear.
     #[arg(long)]
     pub proxy_admin: Option<String>,
+    /// Send the admin bearer token over plain HTTP to a non-loopback --proxy-admin anyway.
+    #[arg(long)]
+    pub proxy_admin_plaintext: bool,
     /// Bearer token file for --proxy-admin (the proxy's admin.token_file).
     #[arg(long)]
     pub proxy_admin_token_file: Option<PathBuf>,
@@ -622,6 +628,11 @@ async fn run_remote_cell(
     let target = args.target.as_deref().ok_or_else(|| {
         anyhow!("--proxy-admin needs --target HOST:PORT (the proxy's TLS listener)")
     })?;
+    if admin.starts_with("http://") && !args.proxy_admin_plaintext && !is_loopback_url(admin) {
+        bail!(
+            "--proxy-admin {admin}: plain HTTP to another host would send the bearer token in clear; serve the proxy's admin port over TLS (admin.tls_cert, admin.tls_key) and use https://, or pass --proxy-admin-plaintext"
+        );
+    }
     let token = match &args.proxy_admin_token_file {
         Some(p) => std::fs::read_to_string(p)
             .with_context(|| format!("--proxy-admin-token-file {}", p.display()))?
@@ -664,6 +675,22 @@ async fn run_remote_cell(
     measure(list, stop).await
 }
 
+/// Whether `url`'s host is this machine (localhost or a loopback address).
+fn is_loopback_url(url: &str) -> bool {
+    let Ok(uri) = url.parse::<http::Uri>() else {
+        return false;
+    };
+    match uri.host() {
+        Some("localhost") => true,
+        Some(h) => h
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback()),
+        None => false,
+    }
+}
+
 async fn wait_ready(url: &str) -> Result<()> {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
@@ -676,5 +703,19 @@ async fn wait_ready(url: &str) -> Result<()> {
             bail!("{url} did not answer 200 within 30 s");
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::is_loopback_url;
+
+    #[test]
+    fn only_this_machine_counts_as_loopback() {
+        assert!(is_loopback_url("http://127.0.0.1:9900"));
+        assert!(is_loopback_url("http://localhost:9900/"));
+        assert!(is_loopback_url("http://[::1]:9900"));
+        assert!(!is_loopback_url("http://10.0.0.5:9900"));
+        assert!(!is_loopback_url("http://proxy-host:9900"));
     }
 }

@@ -8,6 +8,7 @@
 
 mod body;
 mod budget;
+mod calm;
 mod errors;
 mod trust;
 
@@ -153,9 +154,9 @@ impl HttpForwarder {
             client_protocol: if h2 { "h2" } else { "http1" },
             activity: activity.clone(),
         };
-        let io = TokioIo::new(io);
         let limits = &self.limits;
         if h2 {
+            let io = TokioIo::new(calm::CalmIo::new(io, activity.clone()));
             // Held for the connection's life: its window is reserved from the budget.
             let grant = self.budget.grant_h2_window();
             let window = grant.connection_window();
@@ -172,6 +173,7 @@ impl HttpForwarder {
             drop(grant);
             result
         } else {
+            let io = TokioIo::new(io);
             let conn = http1::Builder::new()
                 .timer(TokioTimer::new())
                 .header_read_timeout(limits.header_read_timeout)

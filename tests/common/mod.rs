@@ -97,6 +97,13 @@ pub fn server_cert(alg: CertAlgorithmName) -> (PathBuf, PathBuf) {
 /// The path of a workspace binary, built by `cargo test --workspace` (its package has
 /// integration tests, so cargo builds the binary before any test runs).
 pub fn binary(name: &str) -> PathBuf {
+    // E2E_PROXY_BIN runs the suite against another build of the proxy (an older one, to
+    // show what a test catches).
+    if name == "proxy" {
+        if let Some(path) = std::env::var_os("E2E_PROXY_BIN") {
+            return PathBuf::from(path);
+        }
+    }
     let exe = std::env::current_exe().expect("current exe");
     // target/<profile>/deps/<test>-<hash> -> target/<profile>/<name>
     let dir = exe.parent().and_then(Path::parent).expect("target dir");

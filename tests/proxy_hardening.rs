@@ -827,6 +827,9 @@ async fn forwarded_headers_connect_and_client_framing_errors() {
     assert!(j["headers"]["forwarded"].is_null(), "{j}");
     assert!(j["headers"]["x-real-ip"].is_null(), "{j}");
     assert_eq!(j["headers"]["authorization"], "Bearer qdrant-jwt", "{j}");
+    // Security headers added where the upstream set none.
+    assert_eq!(a.headers["strict-transport-security"], "max-age=31536000");
+    assert_eq!(a.headers["x-content-type-options"], "nosniff");
 
     // CONNECT is refused.
     let mut tls = tls_connect(proxy.addr, cfg.clone()).await.unwrap();

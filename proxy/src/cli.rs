@@ -348,6 +348,7 @@ pub fn resolve(config_file: Option<&PathBuf>, o: &Overrides) -> Result<Config, C
                 upstream_protocol: UpstreamProtocol::default(),
                 provider: None,
                 tls: TlsPolicy::default(),
+                security_headers: true,
             });
         }
         1 => {}

@@ -447,6 +447,12 @@ pub struct ListenerConfig {
     /// TLS policy.
     #[serde(default)]
     pub tls: TlsPolicy,
+    /// http mode: add `Strict-Transport-Security: max-age=31536000` and
+    /// `X-Content-Type-Options: nosniff` to responses that carry neither (Qdrant's web UI
+    /// is served through the same port, and browsers should not be talked into plain HTTP
+    /// or into sniffing JSON as HTML). The upstream's own values win.
+    #[serde(default = "default_true")]
+    pub security_headers: bool,
 }
 
 impl ListenerConfig {

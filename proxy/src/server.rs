@@ -145,6 +145,7 @@ impl Proxy {
                     lm.clone(),
                     budget.clone(),
                     trusted.clone(),
+                    lc.security_headers,
                 ))),
                 ListenerMode::Tcp => Mode::Tcp(upstream.clone()),
             };

@@ -150,6 +150,7 @@ pub fn generate_cert_set(
             .push(DnType::CommonName, format!("tls-proxy {alg}"));
         params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
         params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+        set_leaf_validity(&mut params);
         let cert = params.signed_by(&key, &issuer).map_err(gen_err)?;
         let cert_path = out.join(format!("{alg}.crt"));
         let key_path = out.join(format!("{alg}.key"));
@@ -164,6 +165,7 @@ pub fn generate_cert_set(
         .distinguished_name
         .push(DnType::CommonName, "tls-proxy benchmark client");
     client_params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+    set_leaf_validity(&mut client_params);
     let client_cert = client_params
         .signed_by(&client_key, &issuer)
         .map_err(gen_err)?;
@@ -177,6 +179,19 @@ pub fn generate_cert_set(
         client,
     })
 }
+
+/// Leaf certificates are valid from yesterday (clock skew) for 397 days, the most that
+/// browsers and the CA/Browser Forum accept and what testssl checks; rcgen's default (the
+/// year 4096) is flagged as a HIGH finding. The CA keeps rcgen's long validity: it only
+/// signs test certificates.
+fn set_leaf_validity(params: &mut CertificateParams) {
+    let now = time::OffsetDateTime::now_utc();
+    params.not_before = now - time::Duration::days(1);
+    params.not_after = now + time::Duration::days(LEAF_VALIDITY_DAYS);
+}
+
+/// See [`set_leaf_validity`].
+const LEAF_VALIDITY_DAYS: i64 = 397;
 
 fn write_file(path: &Path, contents: &[u8], private: bool) -> Result<(), CryptoError> {
     use std::io::Write;

@@ -48,6 +48,8 @@ pub use trust::TrustedProxies;
 const H2_STREAM_WINDOW: u32 = 4 * 1024 * 1024;
 /// The largest connection window; the request buffer budget grants less when it is short.
 pub const H2_CONNECTION_WINDOW: u32 = 16 * 1024 * 1024;
+/// `Strict-Transport-Security` for listeners with `security_headers` (the usual one year).
+const HSTS_ONE_YEAR: &str = "max-age=31536000";
 /// A connection that cancelled too many streams gets its GOAWAY and this long to read it.
 const RESET_FLOOD_DRAIN: Duration = Duration::from_secs(1);
 /// Idle upstream connections kept per upstream: one per client connection in flight at a
@@ -75,6 +77,7 @@ pub struct HttpForwarder {
     upstream_slots: Arc<Semaphore>,
     budget: Arc<BufferBudget>,
     trusted: TrustedProxies,
+    security_headers: bool,
     metrics: ListenerMetrics,
 }
 
@@ -88,6 +91,7 @@ impl HttpForwarder {
         metrics: ListenerMetrics,
         budget: Arc<BufferBudget>,
         trusted: TrustedProxies,
+        security_headers: bool,
     ) -> Self {
         let mut connector = HttpConnector::new();
         connector.set_nodelay(true);
@@ -123,6 +127,7 @@ impl HttpForwarder {
             limits,
             budget,
             trusted,
+            security_headers,
             metrics,
         }
     }
@@ -261,6 +266,13 @@ impl HttpForwarder {
         let head_only = req.method() == http::Method::HEAD;
         let protocol_label = if grpc { "grpc" } else { client.client_protocol };
         let mut resp = self.exchange(req, grpc, client, started).await;
+        if self.security_headers {
+            let h = resp.headers_mut();
+            h.entry(header::STRICT_TRANSPORT_SECURITY)
+                .or_insert(HeaderValue::from_static(HSTS_ONE_YEAR));
+            h.entry(header::X_CONTENT_TYPE_OPTIONS)
+                .or_insert(HeaderValue::from_static("nosniff"));
+        }
         self.metrics
             .request(protocol_label, resp.status(), started.elapsed());
         let bodiless = head_only

@@ -321,6 +321,8 @@ async fn silent_and_ping_only_h2_connections_give_their_slots_back() {
         "served after {:?}",
         started.elapsed()
     );
+    let served_after = started.elapsed();
+    let mut latest = Duration::ZERO;
     for (i, t) in tasks.into_iter().enumerate() {
         let seen = t.await.unwrap();
         let closed = seen
@@ -331,7 +333,11 @@ async fn silent_and_ping_only_h2_connections_give_their_slots_back() {
             closed < Duration::from_secs(5),
             "connection {i} closed after {closed:?}"
         );
+        latest = latest.max(closed);
     }
+    eprintln!(
+        "20 silent / PING-only h2 connections: the last closed {latest:?} after it opened; a new client was served after waiting {served_after:?}"
+    );
     assert_eq!(
         metric(
             &proxy,
@@ -433,6 +439,10 @@ async fn clients_that_read_nothing_or_ignore_the_goaway_are_closed() {
 
     // The slow reader: the proxy closes it (the active gauge returns to 0).
     proxy.wait_metric("proxy_active_connections", &[], 0.0);
+    eprintln!(
+        "zero window closed after {closed:?}; GOAWAY-PING ignorer closed {:?} after its request began (idle 1 s + drain 1 s); slow HTTP/1.1 reader closed as stalled",
+        ignorer_seen.closed_after
+    );
     drop(slow);
     assert!(
         metric(
@@ -515,6 +525,10 @@ async fn concurrent_upstream_requests_are_capped() {
             other => panic!("unexpected status {other}"),
         }
     }
+    eprintln!(
+        "4 x 32 streams at --max-upstream-requests 16: {ok} forwarded, {refused} refused with 503, upstream peak {} connections",
+        upstream.peak()
+    );
     assert_eq!(ok + refused, 128);
     assert!((1..=16).contains(&ok), "{ok} requests reached the upstream");
     assert!(
@@ -564,6 +578,12 @@ async fn paced_rapid_reset_closes_the_connection_and_cancels_upstream_requests()
         }
     }
     let seen = seen.await.unwrap();
+    eprintln!(
+        "paced rapid reset: {sent} streams sent before the close, {} upstream connections, GOAWAY codes {:?}, closed after {:?}",
+        upstream.accepted(),
+        seen.goaway_codes,
+        seen.closed_after
+    );
     assert!(
         !seen.goaway_codes.is_empty() && seen.closed_after.is_some(),
         "no GOAWAY or close after {sent} reset streams: {seen:?}"
@@ -754,6 +774,10 @@ async fn admin_port_bounds_connections_and_checks_what_it_reads() {
             Err(_) => panic!("admin connection {i} still open after 5 s"),
         }
     }
+    eprintln!(
+        "200 admin connections with unfinished heads: all closed within {:?}",
+        started.elapsed()
+    );
     let m = proxy.metrics();
     assert!(
         metric_value(
@@ -930,6 +954,10 @@ async fn a_scanner_cannot_flood_the_log() {
         .lines()
         .filter(|l| l.contains("TLS handshake failed"))
         .count() as u64;
+    eprintln!(
+        "500 bad handshakes in {seconds} s: {lines} log lines, {} suppressed",
+        metric_value(&m, "proxy_log_lines_suppressed_total", &[]).unwrap_or(0.0)
+    );
     assert!(
         lines <= 20 * (seconds + 1),
         "{lines} log lines for 500 bad handshakes in {seconds} s"

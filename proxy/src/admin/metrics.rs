@@ -196,7 +196,7 @@ impl Metrics {
         let client_errors = IntCounterVec::new(
             Opts::new(
                 "proxy_client_errors_total",
-                "Requests refused or cut for the client's fault, by kind (body: malformed or cut framing; method: CONNECT).",
+                "Requests refused or cut for the client's fault, by kind (body: a malformed or cut body; method: CONNECT).",
             ),
             &["listener", "kind"],
         )

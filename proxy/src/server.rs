@@ -13,14 +13,16 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::admin::{self, AdminGuards, AdminState, AdminToken, ListenerMetrics, Metrics};
+use crate::admin::{self, AdminGuards, AdminState, AdminToken};
 use crate::config::{Config, Limits, ListenerMode};
 use crate::crypto::qat::{self, Fallback, QatState};
 use crate::crypto::ProviderName;
-use crate::http::{BufferBudget, HttpForwarder, TrustedProxies, H2_CONNECTION_WINDOW};
+use crate::http::{BufferBudget, HttpForwarder, H2_CONNECTION_WINDOW};
 use crate::io::{Activity, CountingIo, Quiet, QuietLimits};
+use crate::metrics::{ListenerMetrics, Metrics};
 use crate::switch::{ListenerTls, SwitchableListener, TlsSwitch};
 use crate::tls::{self, HandshakePool, Offload};
+use crate::trust::TrustedProxies;
 use crate::upstream::UpstreamAddr;
 
 /// Pending connections the kernel queues per listener. A new-connection-per-request
@@ -119,8 +121,8 @@ impl Proxy {
                     Err(e) => return Err(at("openssl-qat: ", &e)),
                 }
             }
-            let upstream =
-                UpstreamAddr::parse(&lc.upstream, lc.mode).map_err(|e| at("upstream: ", &e))?;
+            let upstream = UpstreamAddr::parse(&lc.upstream, lc.mode == ListenerMode::Tcp)
+                .map_err(|e| at("upstream: ", &e))?;
             let addr: SocketAddr = lc
                 .listen
                 .parse()

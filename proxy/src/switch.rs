@@ -19,10 +19,10 @@ use arc_swap::ArcSwap;
 use rustls::ServerConfig;
 use serde::{Deserialize, Serialize};
 
-use crate::admin::{ListenerMetrics, Metrics};
 use crate::config::TlsPolicy;
 use crate::crypto::qat::QatState;
 use crate::crypto::ProviderName;
+use crate::metrics::{ListenerMetrics, Metrics};
 use crate::tls;
 
 /// What a listener handshakes with right now.

@@ -2,8 +2,6 @@
 
 use std::fmt;
 
-use crate::config::ListenerMode;
-
 /// A parsed upstream: plaintext, on a host and port.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct UpstreamAddr {
@@ -12,14 +10,15 @@ pub struct UpstreamAddr {
 }
 
 impl UpstreamAddr {
-    /// Accepts `http://host:port`, `tcp://host:port` (tcp mode) or bare `host:port`.
-    pub fn parse(s: &str, mode: ListenerMode) -> Result<Self, String> {
+    /// Accepts `http://host:port`, bare `host:port`, and `tcp://host:port` where
+    /// `tcp_allowed` (a tcp-mode listener).
+    pub fn parse(s: &str, tcp_allowed: bool) -> Result<Self, String> {
         let (scheme, rest) = match s.split_once("://") {
             Some((scheme, rest)) => (Some(scheme.to_ascii_lowercase()), rest),
             None => (None, s),
         };
-        match (scheme.as_deref(), mode) {
-            (None | Some("http"), _) | (Some("tcp"), ListenerMode::Tcp) => {}
+        match (scheme.as_deref(), tcp_allowed) {
+            (None | Some("http"), _) | (Some("tcp"), true) => {}
             (Some("https"), _) => {
                 return Err(format!(
                     "{s:?}: the proxy forwards plaintext to a local upstream; use http://"
@@ -61,17 +60,17 @@ mod tests {
 
     #[test]
     fn forms() {
-        let a = UpstreamAddr::parse("http://127.0.0.1:6333/", ListenerMode::Http).unwrap();
+        let a = UpstreamAddr::parse("http://127.0.0.1:6333/", false).unwrap();
         assert_eq!(a.authority.as_str(), "127.0.0.1:6333");
-        assert!(UpstreamAddr::parse("[::1]:6334", ListenerMode::Http).is_ok());
-        assert!(UpstreamAddr::parse("tcp://localhost:1", ListenerMode::Tcp).is_ok());
-        assert!(UpstreamAddr::parse("tcp://localhost:1", ListenerMode::Http).is_err());
-        assert!(UpstreamAddr::parse("https://x:1", ListenerMode::Http)
+        assert!(UpstreamAddr::parse("[::1]:6334", false).is_ok());
+        assert!(UpstreamAddr::parse("tcp://localhost:1", true).is_ok());
+        assert!(UpstreamAddr::parse("tcp://localhost:1", false).is_err());
+        assert!(UpstreamAddr::parse("https://x:1", false)
             .unwrap_err()
             .contains("plaintext"));
-        assert!(UpstreamAddr::parse("http://x", ListenerMode::Http)
+        assert!(UpstreamAddr::parse("http://x", false)
             .unwrap_err()
             .contains("port"));
-        assert!(UpstreamAddr::parse("http://x:1/api", ListenerMode::Http).is_err());
+        assert!(UpstreamAddr::parse("http://x:1/api", false).is_err());
     }
 }

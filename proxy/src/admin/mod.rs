@@ -6,13 +6,7 @@
 //! connections, a body deadline, and a token check that reveals neither the token nor its
 //! length.
 
-mod metrics;
-mod process;
-mod qat;
-
-pub use qat::QatMetrics;
-
-pub use metrics::{ListenerMetrics, Metrics};
+use crate::metrics::Metrics;
 
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -10,7 +10,6 @@ mod body;
 mod budget;
 mod calm;
 mod errors;
-mod trust;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -32,15 +31,15 @@ use tokio::sync::Semaphore;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::admin::ListenerMetrics;
 use crate::config::{Limits, UpstreamProtocol};
 use crate::io::{Activity, Quiet, QuietLimits, RequestGuard};
+use crate::metrics::ListenerMetrics;
+use crate::trust::TrustedProxies;
 use crate::upstream::UpstreamAddr;
 
 pub use body::{CappedBody, RequestBodyError, ResponseBody, UpstreamSlot};
 pub use budget::{BufferBudget, WindowGrant};
 use errors::{error_response, Failure};
-pub use trust::TrustedProxies;
 
 /// HTTP/2 flow-control windows. hyper's defaults (64 KiB) make one 800 KB upsert take a
 /// dozen round trips of WINDOW_UPDATEs; these let a whole UPSERT_100 fly at once while
@@ -101,13 +100,13 @@ impl HttpForwarder {
             .pool_idle_timeout(UPSTREAM_POOL_IDLE_TIMEOUT)
             .pool_max_idle_per_host(UPSTREAM_POOL_MAX_IDLE)
             .pool_timer(TokioTimer::new())
-            .http1_max_buf_size(budget::UPSTREAM_WRITE_BUFFER)
+            .http1_max_buf_size(crate::config::UPSTREAM_WRITE_BUFFER)
             .build(connector.clone());
         let h2c = Client::builder(TokioExecutor::new())
             .http2_only(true)
             .http2_initial_stream_window_size(H2_STREAM_WINDOW)
             .http2_initial_connection_window_size(H2_CONNECTION_WINDOW)
-            .http2_max_send_buf_size(budget::UPSTREAM_WRITE_BUFFER)
+            .http2_max_send_buf_size(crate::config::UPSTREAM_WRITE_BUFFER)
             .pool_idle_timeout(UPSTREAM_POOL_IDLE_TIMEOUT)
             .pool_timer(TokioTimer::new())
             .timer(TokioTimer::new())

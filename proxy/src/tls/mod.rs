@@ -25,7 +25,7 @@ use crate::crypto::{
 const SESSION_CACHE_SIZE: usize = 4096;
 
 /// A listener's provider, checked certificate and rustls configuration: the one way both
-/// start-up and the run-time switch ([`crate::switch`]) build them. The QAT signing proof
+/// start-up and the run-time switch build them. The QAT signing proof
 /// stays with the callers, which differ in what a failed proof means.
 pub fn listener_tls(
     provider: ProviderName,

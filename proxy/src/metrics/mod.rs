@@ -1,11 +1,17 @@
-//! The proxy's metrics: one registry, Prometheus names and units, bounded labels.
+//! The proxy's metrics: one registry, Prometheus names and units, bounded labels. The data
+//! path records into it; the admin listener only renders it.
 //!
 //! Label values come from small fixed sets (listener names from the config, provider and
 //! algorithm names, TLS versions, HTTP status codes, error kinds), never from client input.
 
 use std::time::Duration;
 
-use super::process::ProcessMetrics;
+mod process;
+mod qat;
+
+pub use qat::QatMetrics;
+
+use process::ProcessMetrics;
 
 use prometheus::{
     Encoder, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
@@ -58,7 +64,7 @@ pub struct Metrics {
     admin_refusals: IntCounterVec,
     log_suppressed: IntCounter,
     process: ProcessMetrics,
-    qat: std::sync::Arc<std::sync::OnceLock<super::QatMetrics>>,
+    qat: std::sync::Arc<std::sync::OnceLock<QatMetrics>>,
 }
 
 impl Metrics {
@@ -335,7 +341,7 @@ impl Metrics {
     }
 
     /// The request buffer budget's gauges: the total is set here, the reserved gauge is
-    /// kept by [`crate::http::BufferBudget`].
+    /// kept by the data path's request buffer budget.
     pub fn buffer_budget(&self, total: u64) -> IntGauge {
         self.buffer_budget.set(total as i64);
         self.buffer_reserved.clone()
@@ -372,7 +378,7 @@ impl Metrics {
         telemetry_root: std::path::PathBuf,
         enable_telemetry: bool,
     ) {
-        let _ = self.qat.set(super::QatMetrics::register(
+        let _ = self.qat.set(QatMetrics::register(
             &self.registry,
             state,
             telemetry_root,

@@ -69,11 +69,13 @@ pub struct RunArgs {
     /// Default: grpc for port 6334, rest otherwise.
     #[arg(long, value_enum)]
     pub protocol: Option<Protocol>,
+    /// Qdrant collection the points are written to (created when missing).
     #[arg(long, default_value = "loadgen")]
     pub collection: String,
     /// Drop and create the collection before the run.
     #[arg(long)]
     pub recreate: bool,
+    /// Points per upsert request (UPSERT_100: 100).
     #[arg(long, default_value_t = 100)]
     pub points_per_request: usize,
     /// Vector dimensions (1024: Qwen3-Embedding-0.6B). Taken from the vectors when they
@@ -90,6 +92,7 @@ pub struct RunArgs {
 
     #[arg(long, value_enum, default_value_t = VectorSource::Synthetic)]
     pub vectors: VectorSource,
+    /// Seed of the synthetic vectors (same seed, same vectors).
     #[arg(long, default_value_t = 42)]
     pub seed: u64,
     /// Vectors file: read with --vectors file; the cache written by --vectors embeddings.
@@ -98,13 +101,16 @@ pub struct RunArgs {
     /// Embeddings server base URL (OVMS), e.g. http://127.0.0.1:8000.
     #[arg(long)]
     pub embeddings_url: Option<String>,
+    /// Model name sent to the embeddings endpoint.
     #[arg(long, default_value = "Qwen/Qwen3-Embedding-0.6B")]
     pub embeddings_model: String,
     /// Text corpus: a file, or a directory of files.
     #[arg(long)]
     pub corpus: Option<PathBuf>,
+    /// Texts per embeddings request while preparing vectors (before the timed phase).
     #[arg(long, default_value_t = 32)]
     pub embed_batch: usize,
+    /// Characters per corpus chunk embedded as one vector.
     #[arg(long, default_value_t = 1000)]
     pub chunk_chars: usize,
     /// Use at most this many corpus chunks (0: all).
@@ -119,13 +125,17 @@ pub struct RunArgs {
     #[arg(long, default_value = "reuse")]
     #[serde(serialize_with = "serialize_display")]
     pub connection_policy: ConnectionPolicy,
+    /// TLS session resumption on the client (off: a full handshake per new connection).
     #[arg(long, value_enum, default_value_t = OnOff::On)]
     pub resumption: OnOff,
     /// Offer only this TLS version (default: 1.3 and 1.2).
     #[arg(long, value_enum)]
     pub tls_version: Option<TlsVersionArg>,
+    /// The client's own crypto provider: ring, aws-lc-rs or openssl.
     #[arg(long, default_value = "aws-lc-rs")]
     pub client_provider: String,
+    /// Key-exchange groups the client offers, in order (comma-separated): x25519,
+    /// secp256r1, secp384r1, x25519mlkem768.
     #[arg(long, default_value = "x25519")]
     pub kx: String,
     /// CA bundle that verifies the target (default: the system bundle).
@@ -138,6 +148,7 @@ pub struct RunArgs {
     #[arg(long)]
     pub server_name: Option<String>,
 
+    /// Closed loop: workers, each with one request in flight.
     #[arg(long, default_value_t = 4)]
     pub concurrency: usize,
     /// gRPC with --connection-policy reuse: the --concurrency workers share this many HTTP/2
@@ -155,9 +166,11 @@ pub struct RunArgs {
     /// Measured requests.
     #[arg(long)]
     pub requests: Option<u64>,
+    /// Unmeasured load before the measured phase (connections, caches, the upstream).
     #[arg(long, default_value = "2s")]
     #[serde(serialize_with = "serialize_duration")]
     pub warmup: humantime::Duration,
+    /// A request without a complete answer by then counts as a timeout error.
     #[arg(long, default_value = "30s")]
     #[serde(serialize_with = "serialize_duration")]
     pub request_timeout: humantime::Duration,
@@ -174,18 +187,23 @@ pub struct RunArgs {
     pub watch_process: Vec<String>,
     #[arg(long, value_enum, default_value_t = PowerChoice::Auto)]
     pub power: PowerChoice,
+    /// Root of the powercap sysfs tree read for RAPL energy counters.
     #[arg(long, default_value = probe::rapl::POWERCAP_ROOT)]
     pub rapl_root: PathBuf,
     /// Redfish Power resource, e.g. https://idrac/redfish/v1/Chassis/System.Embedded.1/Power.
     #[arg(long)]
     pub redfish: Option<String>,
+    /// BMC user for --redfish.
     #[arg(long, env = "LOADGEN_REDFISH_USER")]
     pub redfish_user: Option<String>,
+    /// BMC password for --redfish (better in the environment; never written to the result).
     #[arg(long, env = "LOADGEN_REDFISH_PASSWORD", hide_env_values = true)]
     #[serde(skip)]
     pub redfish_password: Option<String>,
+    /// CA (PEM) that signed the BMC's certificate.
     #[arg(long)]
     pub redfish_ca: Option<PathBuf>,
+    /// Accept any BMC certificate (BMCs often ship self-signed ones); the result says so.
     #[arg(long)]
     pub redfish_insecure: bool,
     /// A Prometheus server that scrapes the machine's power, e.g. http://prometheus:9090;
@@ -202,6 +220,8 @@ pub struct RunArgs {
     /// Basic-auth user for the Prometheus server (password in LOADGEN_PROMETHEUS_PASSWORD).
     #[arg(long, env = "LOADGEN_PROMETHEUS_USER")]
     pub prometheus_user: Option<String>,
+    /// Password for --prometheus-user (better in the environment; never written to the
+    /// result).
     #[arg(long, env = "LOADGEN_PROMETHEUS_PASSWORD", hide_env_values = true)]
     #[serde(skip)]
     pub prometheus_password: Option<String>,

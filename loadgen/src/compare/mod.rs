@@ -90,13 +90,17 @@ pub struct CompareArgs {
 
     #[arg(long, value_enum, default_value_t = Protocol::Grpc)]
     pub protocol: Protocol,
+    /// Workers per cell, each with one request in flight.
     #[arg(long, default_value_t = 4)]
     pub concurrency: usize,
     /// new: a full handshake per request (what the comparison is about); reuse; per-n=N.
     #[arg(long, default_value = "new")]
     pub connection_policy: String,
+    /// Client session resumption in every cell: off (a full handshake per new
+    /// connection, what the comparison measures) or on.
     #[arg(long, default_value = "off")]
     pub resumption: String,
+    /// Key-exchange groups of every cell, client and proxy alike (comma-separated).
     #[arg(long, default_value = "x25519")]
     pub kx: String,
     /// 1.2 or 1.3 (default: 1.3).
@@ -124,8 +128,10 @@ pub struct CompareArgs {
     /// quick profile and 7 GB in the full one (measured with 1024-d vectors, wait=true).
     #[arg(long)]
     pub keep_upstream_data: bool,
+    /// The proxy binary of local mode (default: next to this loadgen).
     #[arg(long)]
     pub proxy_bin: Option<PathBuf>,
+    /// The upstream binary of local mode (default: embedded-qdrant next to this loadgen).
     #[arg(long)]
     pub upstream_bin: Option<PathBuf>,
 

@@ -118,6 +118,21 @@ fn tiny_matrix_writes_cells_and_report_and_survives_a_failing_provider() {
         run.stdout.contains("## rsa2048"),
         "compare prints the table"
     );
+    // What decides, per algorithm: the cheapest provider in proxy CPU, judged against the
+    // run-to-run spread of the quick profile's three rounds, and what bounded each cell.
+    assert_eq!(
+        md.matches("least proxy CPU per request: ").count(),
+        ALGORITHMS.len(),
+        "{md}"
+    );
+    assert!(md.contains("run-to-run spread"), "{md}");
+    assert!(md.contains("- **highest throughput: "), "{md}");
+    assert_eq!(
+        md.matches("- ring: bounded by ").count(),
+        ALGORITHMS.len(),
+        "{md}"
+    );
+    assert!(md.contains("cores used: "), "{md}");
 
     // CSV: one row per provider x algorithm x metric, plus the header.
     let rows: Vec<&str> = csv.lines().collect();
@@ -179,9 +194,10 @@ fn tiny_matrix_writes_cells_and_report_and_survives_a_failing_provider() {
     let before = read(&out.join("cells/ring__rsa2048__r1.json"));
     let resumed = run_loadgen(&compare_args(&out, &["--resume"]), None);
     assert!(resumed.status.success(), "{}", resumed.stderr);
+    // 3 providers x 2 algorithms x the quick profile's 3 rounds.
     assert_eq!(
         resumed.stderr.matches("skipped").count(),
-        6,
+        18,
         "{}",
         resumed.stderr
     );

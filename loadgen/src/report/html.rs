@@ -55,7 +55,15 @@ pub fn render(r: &Report) -> String {
         "<h2>Tables</h2><p>Each cell: median (min-max over rounds) and the ratio against the best software provider for that algorithm; above 1.00x is better.</p>"
     );
     for a in &r.algorithms {
-        let _ = writeln!(s, "<h3>{}</h3>\n<table><tr><th>provider</th>", esc(a));
+        let _ = writeln!(s, "<h3>{}</h3>", esc(a));
+        if let Some((_, lines)) = r.verdicts.iter().find(|(alg, _)| alg == a) {
+            let _ = writeln!(s, "<ul class=\"verdict\">");
+            for l in lines {
+                let _ = writeln!(s, "<li><b>{}</b></li>", esc(l));
+            }
+            let _ = writeln!(s, "</ul>");
+        }
+        let _ = writeln!(s, "<table><tr><th>provider</th>");
         for m in METRICS {
             let _ = write!(
                 s,
@@ -96,6 +104,21 @@ pub fn render(r: &Report) -> String {
             let _ = writeln!(s, "</tr>");
         }
         let _ = writeln!(s, "</table>");
+        let bounded: Vec<String> = r
+            .providers
+            .iter()
+            .filter_map(|p| {
+                let b = r.bounds.get(&(p.clone(), a.clone()))?;
+                Some(format!("<li>{}: bounded by {}</li>", esc(p), esc(b)))
+            })
+            .collect();
+        if !bounded.is_empty() {
+            let _ = writeln!(
+                s,
+                "<p>What bounded each cell (first round):</p><ul>{}</ul>",
+                bounded.concat()
+            );
+        }
     }
     if !r.failures.is_empty() {
         let _ = writeln!(s, "<h2>Failed cells</h2><ul>");

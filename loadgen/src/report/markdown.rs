@@ -24,6 +24,12 @@ pub fn render(r: &Report) -> String {
     let mut missing: Vec<String> = Vec::new();
     for a in &r.algorithms {
         let _ = writeln!(s, "## {a}\n");
+        if let Some((_, lines)) = r.verdicts.iter().find(|(alg, _)| alg == a) {
+            for l in lines {
+                let _ = writeln!(s, "- **{l}**");
+            }
+            let _ = writeln!(s);
+        }
         let mut header = String::from("| provider |");
         let mut rule = String::from("|---|");
         for m in METRICS {
@@ -55,6 +61,21 @@ pub fn render(r: &Report) -> String {
             let _ = writeln!(s, "{row}");
         }
         let _ = writeln!(s);
+        let bounded: Vec<String> = r
+            .providers
+            .iter()
+            .filter_map(|p| {
+                let b = r.bounds.get(&(p.clone(), a.clone()))?;
+                Some(format!("- {p}: bounded by {b}"))
+            })
+            .collect();
+        if !bounded.is_empty() {
+            let _ = writeln!(
+                s,
+                "What bounded each cell (first round):\n\n{}\n",
+                bounded.join("\n")
+            );
+        }
     }
     if !r.failures.is_empty() {
         let _ = writeln!(s, "## Failed cells\n");

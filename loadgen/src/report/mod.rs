@@ -249,6 +249,10 @@ pub struct Report {
     pub setup: Vec<(String, String)>,
     pub repeats: u32,
     pub cells_measured: usize,
+    /// Per algorithm, in algorithm order: what decides (see [`verdicts`]).
+    pub verdicts: Vec<(String, Vec<String>)>,
+    /// (provider, algorithm) -> what bounded the cell's throughput, from its first round.
+    pub bounds: BTreeMap<(String, String), String>,
 }
 
 impl Report {
@@ -409,7 +413,14 @@ pub fn load(dir: &Path) -> Result<Report> {
         .map(setup_facts)
         .unwrap_or_default();
     let cells_measured = runs.values().map(Vec::len).sum();
-    Ok(Report {
+    let bounds = runs
+        .iter()
+        .filter_map(|(key, list)| {
+            let r = list.iter().find(|r| r.requests_ok > 0)?;
+            Some((key.clone(), bound(r)))
+        })
+        .collect();
+    let mut report = Report {
         providers,
         algorithms,
         figures,
@@ -418,7 +429,174 @@ pub fn load(dir: &Path) -> Result<Report> {
         setup,
         repeats,
         cells_measured,
-    })
+        verdicts: Vec::new(),
+        bounds,
+    };
+    report.verdicts = verdicts(&report);
+    Ok(report)
+}
+
+/// A component counts as the bound when it used at least this share of what it could.
+const SATURATED: f64 = 0.9;
+
+/// What bounded one run's throughput: the first of the machine's CPU (all cores busy), a
+/// process at the CPU it was allowed (its `cpus_allowed`, or every core), or, when nothing
+/// was saturated, the client's concurrency against the round trip (latency-bound).
+pub fn bound(r: &RunResult) -> String {
+    let cores = r.environment.cores.max(1) as f64;
+    let mut procs: Vec<(String, f64)> = r
+        .cpu
+        .watched
+        .iter()
+        .chain(std::iter::once(&r.cpu.loadgen))
+        .map(|p| (p.name.clone(), p.percent_of_core / 100.0))
+        .collect();
+    procs.sort_by(|a, b| b.1.total_cmp(&a.1));
+    let usage: Vec<String> = procs.iter().map(|(n, c)| format!("{n} {c:.2}")).collect();
+    let usage = format!("cores used: {}", usage.join(", "));
+    if let Some(system) = r.cpu.system_utilisation_percent.value {
+        if system / 100.0 >= SATURATED {
+            let top = procs.first().map_or("?", |(n, _)| n.as_str());
+            return format!(
+                "the machine's CPU ({system:.0} % of {cores:.0} cores; most: {top}); {usage}"
+            );
+        }
+    }
+    let allowed = |name: &str| {
+        let list = r
+            .cpu
+            .watched
+            .iter()
+            .chain(std::iter::once(&r.cpu.loadgen))
+            .find(|p| p.name == name)
+            .and_then(|p| p.cpus_allowed.clone());
+        list.map_or(cores, |l| cpu_list_len(&l).max(1) as f64)
+    };
+    for (name, used) in &procs {
+        if *used >= SATURATED * allowed(name) {
+            return format!(
+                "{name}'s CPU ({used:.2} of {:.0} cores); {usage}",
+                allowed(name)
+            );
+        }
+    }
+    format!("no CPU saturated: the client's concurrency against the round trip; {usage}")
+}
+
+/// The number of CPUs in a /proc `Cpus_allowed_list` such as "0-3,6".
+fn cpu_list_len(list: &str) -> usize {
+    list.split(',')
+        .filter_map(|part| {
+            let part = part.trim();
+            match part.split_once('-') {
+                Some((a, b)) => Some(b.parse::<usize>().ok()? + 1 - a.parse::<usize>().ok()?),
+                None => part.parse::<usize>().ok().map(|_| 1),
+            }
+        })
+        .sum()
+}
+
+/// Whether two figures differ beyond their run-to-run spread: their min-max ranges do not
+/// overlap. With one round there is no spread, and nothing is called a difference.
+fn beyond_spread(a: &Figure, b: &Figure) -> Option<bool> {
+    match (a, b) {
+        (
+            Figure::Value {
+                min: amin,
+                max: amax,
+                n: an,
+                ..
+            },
+            Figure::Value {
+                min: bmin,
+                max: bmax,
+                n: bn,
+                ..
+            },
+        ) => {
+            if *an < 2 || *bn < 2 {
+                None
+            } else {
+                Some(amax < bmin || bmax < amin)
+            }
+        }
+        _ => None,
+    }
+}
+
+/// Per algorithm: the provider that costs the proxy the least CPU per request and by how
+/// much, whether the throughput differences exceed the run-to-run spread, and whether
+/// throughput was the proxy's at all (what bounded the cells).
+fn verdicts(r: &Report) -> Vec<(String, Vec<String>)> {
+    let metric = |key: &str| METRICS.iter().find(|m| m.key == key).expect("metric");
+    let ranked = |a: &str, m: &Metric| {
+        let mut v: Vec<(&str, &Figure, f64)> = r
+            .providers
+            .iter()
+            .filter_map(|p| {
+                let f = r.figure(p, a, m.key)?;
+                Some((p.as_str(), f, f.median()?))
+            })
+            .collect();
+        v.sort_by(|x, y| match m.better {
+            Better::Higher => y.2.total_cmp(&x.2),
+            Better::Lower => x.2.total_cmp(&y.2),
+        });
+        v
+    };
+    let judge = |best: &Figure, next: &Figure| match beyond_spread(best, next) {
+        Some(true) => "beyond the run-to-run spread",
+        Some(false) => "within the run-to-run spread: no difference",
+        None => "one round, no spread: not a difference on this evidence",
+    };
+    let mut out = Vec::new();
+    for a in &r.algorithms {
+        let mut lines = Vec::new();
+        let cpu = metric("requests_per_proxy_cpu_second");
+        let by_cpu = ranked(a, cpu);
+        match by_cpu.as_slice() {
+            [] => lines.push("proxy CPU per request: not measured".to_owned()),
+            [(p, _, _)] => lines.push(format!("proxy CPU per request: only {p} measured")),
+            [(p, f, v), (q, g, w), ..] => lines.push(format!(
+                "least proxy CPU per request: {p}, {:.2}x the requests per CPU-second of {q} ({})",
+                v / w,
+                judge(f, g)
+            )),
+        }
+        let tput = metric("requests_per_second");
+        let by_tput = ranked(a, tput);
+        if let [(p, f, v), rest @ ..] = by_tput.as_slice() {
+            let same: Vec<&str> = rest
+                .iter()
+                .filter(|(_, g, _)| beyond_spread(f, g) != Some(true))
+                .map(|(q, _, _)| *q)
+                .collect();
+            let bound = r
+                .bounds
+                .get(&((*p).to_owned(), a.clone()))
+                .map(String::as_str)
+                .unwrap_or("unknown");
+            let proxy_bound = bound.starts_with("proxy") || bound.contains("most: proxy");
+            let mut line = format!("highest throughput: {p} ({v:.1} requests/s)");
+            if !same.is_empty() {
+                let _ = std::fmt::Write::write_fmt(
+                    &mut line,
+                    format_args!(
+                        "; no difference from {} (spread overlaps or one round)",
+                        same.join(", ")
+                    ),
+                );
+            }
+            if !proxy_bound {
+                line.push_str(
+                    "; throughput was not bounded by the proxy here, so it ranks the set-up, not the provider: compare proxy CPU per request",
+                );
+            }
+            lines.push(line);
+        }
+        out.push((a.clone(), lines));
+    }
+    out
 }
 
 fn setup_facts(r: &RunResult) -> Vec<(String, String)> {
@@ -613,4 +791,36 @@ pub fn csv(r: &Report) -> String {
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cpu_lists_are_counted() {
+        assert_eq!(cpu_list_len("0-3"), 4);
+        assert_eq!(cpu_list_len("0-3,6"), 5);
+        assert_eq!(cpu_list_len("1"), 1);
+        assert_eq!(cpu_list_len("0,2-3"), 3);
+    }
+
+    #[test]
+    fn a_difference_needs_two_rounds_and_ranges_that_do_not_overlap() {
+        let f = |min: f64, max: f64, n: usize| Figure::Value {
+            median: (min + max) / 2.0,
+            min,
+            max,
+            n,
+        };
+        assert_eq!(
+            beyond_spread(&f(10.0, 12.0, 3), &f(13.0, 14.0, 3)),
+            Some(true)
+        );
+        assert_eq!(
+            beyond_spread(&f(10.0, 12.0, 3), &f(11.5, 14.0, 3)),
+            Some(false)
+        );
+        assert_eq!(beyond_spread(&f(10.0, 10.0, 1), &f(20.0, 20.0, 1)), None);
+    }
 }

@@ -480,7 +480,12 @@ pub fn bound(r: &RunResult) -> String {
             );
         }
     }
-    format!("no CPU saturated: the client's concurrency against the round trip; {usage}")
+    let busiest = procs.first().map_or(String::new(), |(n, c)| {
+        format!(" (busiest: {n}, {c:.2} cores)")
+    });
+    format!(
+        "no process at its CPU limit{busiest}: the client's concurrency against the round trip, or a single-threaded stage of the busiest process; {usage}"
+    )
 }
 
 /// The number of CPUs in a /proc `Cpus_allowed_list` such as "0-3,6".

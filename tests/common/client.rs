@@ -1,0 +1,159 @@
+//! The tests' TLS client: rustls on the same provider registry as the proxy, trusting
+//! the generated CA, and one-request helpers over HTTP/1.1 or HTTP/2.
+
+#[allow(unused_imports)]
+use super::*;
+
+/// Options for a test client.
+#[derive(Clone, Debug)]
+pub struct ClientOpts {
+    pub provider: ProviderName,
+    pub tls13: bool,
+    pub tls12: bool,
+    pub alpn: Vec<Vec<u8>>,
+    pub resumption: bool,
+    pub client_cert: bool,
+}
+
+impl Default for ClientOpts {
+    fn default() -> Self {
+        Self {
+            provider: ProviderName::AwsLcRs,
+            tls13: true,
+            tls12: true,
+            alpn: vec![b"http/1.1".to_vec()],
+            resumption: false,
+            client_cert: false,
+        }
+    }
+}
+
+/// A rustls client config that trusts the generated CA.
+pub fn client_config(opts: &ClientOpts) -> Arc<ClientConfig> {
+    let provider = Provider::new(opts.provider, &[KxGroupName::X25519]).expect("client provider");
+    let mut versions = Vec::new();
+    if opts.tls13 {
+        versions.push(&rustls::version::TLS13);
+    }
+    if opts.tls12 {
+        versions.push(&rustls::version::TLS12);
+    }
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in CertificateDer::pem_file_iter(&certs().ca_cert).expect("ca file") {
+        roots.add(cert.expect("ca cert")).expect("add ca");
+    }
+    let builder = ClientConfig::builder_with_provider(provider.crypto().clone())
+        .with_protocol_versions(&versions)
+        .expect("versions")
+        .with_root_certificates(roots);
+    let mut config = if opts.client_cert {
+        let (cert, key) = &certs().client;
+        let chain = CertificateDer::pem_file_iter(cert)
+            .expect("client cert")
+            .collect::<Result<Vec<_>, _>>()
+            .expect("client cert pem");
+        let key = PrivateKeyDer::from_pem_file(key).expect("client key");
+        builder
+            .with_client_auth_cert(chain, key)
+            .expect("client auth")
+    } else {
+        builder.with_no_client_auth()
+    };
+    config.alpn_protocols = opts.alpn.clone();
+    if !opts.resumption {
+        config.resumption = rustls::client::Resumption::disabled();
+    }
+    Arc::new(config)
+}
+
+/// Opens a TLS connection to `addr`, verifying the name "localhost".
+pub async fn tls_connect(
+    addr: SocketAddr,
+    config: Arc<ClientConfig>,
+) -> std::io::Result<TlsStream<TcpStream>> {
+    let tcp = TcpStream::connect(addr).await?;
+    tcp.set_nodelay(true)?;
+    TlsConnector::from(config)
+        .connect(ServerName::try_from("localhost").expect("server name"), tcp)
+        .await
+}
+
+/// A response as the test sees it.
+#[derive(Debug)]
+pub struct Answer {
+    pub status: StatusCode,
+    pub headers: http::HeaderMap,
+    pub body: Bytes,
+    pub tls_version: Option<rustls::ProtocolVersion>,
+    pub resumed: bool,
+}
+
+impl Answer {
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_slice(&self.body)
+            .unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(&self.body)))
+    }
+}
+
+/// One request on a new TLS connection: HTTP/2 when the connection negotiated h2,
+/// HTTP/1.1 otherwise.
+pub async fn request(
+    addr: SocketAddr,
+    config: Arc<ClientConfig>,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: Bytes,
+) -> Result<Answer, Box<dyn std::error::Error + Send + Sync>> {
+    let tls = tls_connect(addr, config).await?;
+    let (_, conn) = tls.get_ref();
+    let tls_version = conn.protocol_version();
+    let resumed = matches!(conn.handshake_kind(), Some(rustls::HandshakeKind::Resumed));
+    let h2 = conn.alpn_protocol() == Some(b"h2");
+    let mut builder = Request::builder()
+        .method(method)
+        .uri(format!("https://localhost:{}{path}", addr.port()));
+    if !h2 {
+        builder = builder.header("host", format!("localhost:{}", addr.port()));
+    }
+    for (k, v) in headers {
+        builder = builder.header(*k, *v);
+    }
+    let req = builder.body(Full::new(body))?;
+    let io = TokioIo::new(tls);
+    let resp = if h2 {
+        let (mut sender, conn) =
+            hyper::client::conn::http2::handshake(TokioExecutor::new(), io).await?;
+        tokio::spawn(conn);
+        sender.send_request(req).await?
+    } else {
+        let (mut sender, conn) = hyper::client::conn::http1::handshake(io).await?;
+        tokio::spawn(conn);
+        sender.send_request(req).await?
+    };
+    let (parts, body) = resp.into_parts();
+    let body = body.collect().await?.to_bytes();
+    Ok(Answer {
+        status: parts.status,
+        headers: parts.headers,
+        body,
+        tls_version,
+        resumed,
+    })
+}
+
+/// `request` with a time bound.
+pub async fn request_bounded(
+    addr: SocketAddr,
+    config: Arc<ClientConfig>,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: Bytes,
+) -> Result<Answer, String> {
+    match tokio::time::timeout(WAIT, request(addr, config, method, path, headers, body)).await {
+        Ok(Ok(a)) => Ok(a),
+        Ok(Err(e)) => Err(e.to_string()),
+        Err(_) => Err(format!("no answer within {WAIT:?}")),
+    }
+}

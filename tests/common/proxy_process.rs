@@ -1,0 +1,273 @@
+//! The `proxy` binary under test: started on loopback port 0, its metrics, and runs that
+//! are expected to stop at start-up.
+
+#[allow(unused_imports)]
+use super::*;
+
+/// A running `proxy run` process.
+pub struct ProxyProcess {
+    child: Child,
+    /// First listener's address.
+    pub addr: SocketAddr,
+    /// Every listener's address by name.
+    listeners: std::collections::HashMap<String, SocketAddr>,
+    /// Admin address.
+    pub admin: SocketAddr,
+    /// Where its stderr goes.
+    pub log: PathBuf,
+    dir: PathBuf,
+}
+
+impl ProxyProcess {
+    /// Starts `proxy run` with a listener on 127.0.0.1:0 and an admin port on 127.0.0.1:0,
+    /// plus `extra` flags, and waits until it is listening.
+    pub fn start(
+        upstream: &str,
+        provider: ProviderName,
+        alg: CertAlgorithmName,
+        extra: &[&str],
+    ) -> Self {
+        let (cert, key) = server_cert(alg);
+        let mut args: Vec<String> = vec![
+            "--listen".into(),
+            "127.0.0.1:0".into(),
+            "--upstream".into(),
+            upstream.into(),
+            "--provider".into(),
+            provider.as_str().into(),
+            "--cert".into(),
+            cert.display().to_string(),
+            "--key".into(),
+            key.display().to_string(),
+        ];
+        args.extend(extra.iter().map(|s| (*s).to_owned()));
+        Self::start_raw(&args)
+    }
+
+    /// Starts `proxy run ARGS --admin 127.0.0.1:0 --ready-file ...` and waits for it.
+    pub fn start_raw(args: &[String]) -> Self {
+        let dir = temp_dir("proxy");
+        let ready = dir.join("ready.json");
+        let log = dir.join("proxy.log");
+        let mut cmd = Command::new(binary("proxy"));
+        cmd.arg("run")
+            .args(args)
+            .arg("--ready-file")
+            .arg(&ready)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).expect("log file"))
+            .env("RUST_LOG", "info");
+        if !args.iter().any(|a| a == "--admin") {
+            cmd.args(["--admin", "127.0.0.1:0"]);
+        }
+        let mut child = cmd.spawn().expect("spawn proxy");
+        let v = wait_ready(&mut child, &ready, &log, "proxy");
+        let addr = v["listeners"]
+            .as_object()
+            .and_then(|m| m.values().next())
+            .and_then(|a| a.as_str())
+            .expect("a listener address")
+            .parse()
+            .expect("socket address");
+        let admin = v["admin"]
+            .as_str()
+            .expect("admin address")
+            .parse()
+            .expect("admin addr");
+        let listeners = v["listeners"]
+            .as_object()
+            .expect("listeners")
+            .iter()
+            .map(|(name, a)| {
+                let a = a
+                    .as_str()
+                    .expect("address")
+                    .parse()
+                    .expect("socket address");
+                (name.clone(), a)
+            })
+            .collect();
+        Self {
+            child,
+            addr,
+            listeners,
+            admin,
+            log,
+            dir,
+        }
+    }
+
+    /// The address of the listener named `name`.
+    pub fn listener(&self, name: &str) -> SocketAddr {
+        *self
+            .listeners
+            .get(name)
+            .unwrap_or_else(|| panic!("no listener {name:?}: {:?}", self.listeners))
+    }
+
+    /// The listener's URL authority, for request URIs.
+    pub fn url(&self, path: &str) -> String {
+        format!("https://localhost:{}{path}", self.addr.port())
+    }
+
+    /// Scrapes /metrics.
+    pub fn metrics(&self) -> String {
+        let (status, body) = plain_get(self.admin, "/metrics");
+        assert_eq!(status, 200, "metrics: {body}");
+        body
+    }
+
+    /// Scrapes /metrics until `name{labels}` equals `want` (bounded by [`WAIT`]): for values
+    /// that settle asynchronously, such as a connection the client just closed.
+    pub fn wait_metric(&self, name: &str, labels: &[(&str, &str)], want: f64) {
+        let deadline = Instant::now() + WAIT;
+        loop {
+            let m = self.metrics();
+            if metric_value(&m, name, labels) == Some(want) {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{name}{labels:?} never reached {want}:\n{m}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Sends SIGTERM.
+    pub fn terminate(&self) {
+        self.signal(nix::sys::signal::Signal::SIGTERM);
+    }
+
+    /// Sends SIGHUP (reload the certificates).
+    pub fn hangup(&self) {
+        self.signal(nix::sys::signal::Signal::SIGHUP);
+    }
+
+    fn signal(&self, signal: nix::sys::signal::Signal) {
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.child.id() as i32), signal)
+            .unwrap_or_else(|e| panic!("send {signal}: {e}"));
+    }
+
+    /// Waits (bounded) for the process to exit.
+    pub fn wait_exit(&mut self, limit: Duration) -> ExitStatus {
+        wait_bounded(&mut self.child, limit, "proxy")
+    }
+
+    /// Everything the proxy logged so far.
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for ProxyProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// `run` arguments for a proxy expected to stop at start-up: loopback port 0 for the
+/// listener and admin port, an upstream nobody listens on, the given cert and key, then
+/// `extra` (which may repeat a flag; the last one wins).
+pub fn startup_run_args(cert: &str, key: &str, extra: &[&str]) -> Vec<String> {
+    let mut v: Vec<String> = [
+        "run",
+        "--listen",
+        "127.0.0.1:0",
+        "--admin",
+        "127.0.0.1:0",
+        "--upstream",
+        "http://127.0.0.1:1",
+        "--cert",
+        cert,
+        "--key",
+        key,
+    ]
+    .iter()
+    .map(|s| (*s).to_owned())
+    .collect();
+    v.extend(extra.iter().map(|s| (*s).to_owned()));
+    v
+}
+
+/// Runs the proxy binary to completion with `args` (bounded), returning its exit status
+/// and stderr.
+pub fn run_proxy_to_exit(args: &[&str]) -> (ExitStatus, String) {
+    let mut child = Command::new(binary("proxy"))
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn proxy");
+    let status = wait_bounded(&mut child, WAIT, "proxy");
+    let mut err = String::new();
+    child
+        .stderr
+        .take()
+        .expect("stderr")
+        .read_to_string(&mut err)
+        .ok();
+    let mut out = String::new();
+    child
+        .stdout
+        .take()
+        .expect("stdout")
+        .read_to_string(&mut out)
+        .ok();
+    (status, format!("{out}{err}"))
+}
+
+/// The values of the samples of `name` whose labels contain every `labels` pair.
+fn metric_samples<'a>(
+    text: &'a str,
+    name: &'a str,
+    labels: &'a [(&str, &str)],
+) -> impl Iterator<Item = f64> + 'a {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter(move |l| l.starts_with(name) && l[name.len()..].starts_with(['{', ' ']))
+        .filter(move |l| {
+            labels
+                .iter()
+                .all(|(k, v)| l.contains(&format!("{k}=\"{v}\"")))
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse().ok())
+}
+
+/// The value of the first sample of `name` whose labels contain every `labels` pair.
+pub fn metric_value(text: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+    metric_samples(text, name, labels).next()
+}
+
+/// The sum of every sample of `name` whose labels contain every `labels` pair (0 if none).
+pub fn metric_sum(text: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
+    metric_samples(text, name, labels).sum()
+}
+
+/// A plain HTTP/1.1 GET (for the admin port), bounded in time.
+pub fn plain_get(addr: SocketAddr, path: &str) -> (u16, String) {
+    use std::io::Write;
+    let mut s = std::net::TcpStream::connect_timeout(&addr, WAIT).expect("connect admin");
+    s.set_read_timeout(Some(WAIT)).ok();
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: admin\r\nConnection: close\r\n\r\n"
+    )
+    .expect("write");
+    let mut out = String::new();
+    s.read_to_string(&mut out).expect("read");
+    let status = out
+        .split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let body = out
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_owned())
+        .unwrap_or_default();
+    (status, body)
+}

@@ -2,27 +2,13 @@
 //! calls, a non-OK status with its message intact, and UNAVAILABLE when the upstream is down.
 
 use e2e::*;
-use hyper_util::rt::TokioIo;
 use proxy::crypto::{CertAlgorithmName, ProviderName};
 use tonic_health::pb::health_client::HealthClient;
 use tonic_health::pb::{health_check_response::ServingStatus, HealthCheckRequest};
 
-async fn channel(proxy: &ProxyProcess) -> tonic::transport::Channel {
-    let addr = proxy.addr;
-    let cfg = client_config(&ClientOpts {
-        alpn: vec![b"h2".to_vec()],
-        ..ClientOpts::default()
-    });
-    tonic::transport::Endpoint::from_shared(format!("http://localhost:{}", addr.port()))
-        .expect("endpoint")
-        .connect_timeout(WAIT)
-        .timeout(WAIT)
-        .connect_with_connector(tower::service_fn(move |_uri| {
-            let cfg = cfg.clone();
-            async move { tls_connect(addr, cfg).await.map(TokioIo::new) }
-        }))
-        .await
-        .expect("connect through proxy")
+/// A channel through the proxy's first listener.
+fn channel(proxy: &ProxyProcess) -> tonic::transport::Channel {
+    grpc_channel(proxy.addr)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -34,7 +20,7 @@ async fn unary_streaming_and_error_status_pass_through() {
         CertAlgorithmName::EcdsaP256,
         &[],
     );
-    let mut client = HealthClient::new(channel(&proxy).await);
+    let mut client = HealthClient::new(channel(&proxy));
 
     // Unary, OK.
     let resp = client
@@ -93,7 +79,7 @@ async fn upstream_down_is_unavailable() {
         CertAlgorithmName::EcdsaP256,
         &[],
     );
-    let mut client = HealthClient::new(channel(&proxy).await);
+    let mut client = HealthClient::new(channel(&proxy));
     let err = client
         .check(HealthCheckRequest {
             service: GRPC_SERVICE.to_owned(),

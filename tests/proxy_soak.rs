@@ -8,7 +8,6 @@
 //! connection happens outside the upstream's restarts.
 
 use std::collections::BTreeMap;
-use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -251,7 +250,7 @@ upstream_protocol = "h2c"
             vectors.clone(),
         );
         workers.push(tokio::spawn(async move {
-            let channel = grpc_channel(grpc_listener).await;
+            let channel = grpc_channel(grpc_listener);
             let mut client = PointsClient::new(channel);
             while !stop.load(Ordering::Relaxed) {
                 let first = next_id.fetch_add(POINTS_PER_UPSERT, Ordering::Relaxed);
@@ -453,21 +452,6 @@ upstream_protocol = "h2c"
 
 fn metric_sum_all(text: &str, name: &str) -> f64 {
     metric_sum(text, name, &[])
-}
-
-async fn grpc_channel(addr: SocketAddr) -> tonic::transport::Channel {
-    let cfg = client_config(&ClientOpts {
-        alpn: vec![b"h2".to_vec()],
-        ..ClientOpts::default()
-    });
-    tonic::transport::Endpoint::from_shared(format!("http://localhost:{}", addr.port()))
-        .expect("endpoint")
-        .connect_timeout(WAIT)
-        .timeout(WAIT)
-        .connect_with_connector_lazy(tower::service_fn(move |_uri| {
-            let cfg = cfg.clone();
-            async move { tls_connect(addr, cfg).await.map(TokioIo::new) }
-        }))
 }
 
 /// A request body fed through a channel: the sender decides when it stops.

@@ -157,3 +157,20 @@ pub async fn request_bounded(
         Err(_) => Err(format!("no answer within {WAIT:?}")),
     }
 }
+
+/// A tonic channel to a TLS listener at `addr` (server name "localhost", h2 by ALPN),
+/// connecting on first use and again after a broken connection.
+pub fn grpc_channel(addr: SocketAddr) -> tonic::transport::Channel {
+    let cfg = client_config(&ClientOpts {
+        alpn: vec![b"h2".to_vec()],
+        ..ClientOpts::default()
+    });
+    tonic::transport::Endpoint::from_shared(format!("http://localhost:{}", addr.port()))
+        .expect("endpoint")
+        .connect_timeout(WAIT)
+        .timeout(WAIT)
+        .connect_with_connector_lazy(tower::service_fn(move |_uri| {
+            let cfg = cfg.clone();
+            async move { tls_connect(addr, cfg).await.map(TokioIo::new) }
+        }))
+}

@@ -691,3 +691,63 @@ fn the_target_hosts_cpu_comes_from_its_node_exporter_through_prometheus() {
         "{reason}"
     );
 }
+
+/// A bad value is refused before anything is changed: `--rate 0` with `--recreate` used to
+/// drop the collection first and fail after; now the points stay, and `compare` refuses the
+/// same flag after `--` before it starts any proxy.
+#[test]
+fn bad_values_are_refused_before_anything_is_changed() {
+    let s = stack();
+    let target = format!("localhost:{}", s.rest.addr.port());
+    let mut a = base_args(&target, "keepme");
+    a.extend(args(&["--requests", "4", "--recreate"]));
+    let run = run_loadgen(&a, None);
+    assert!(run.status.success(), "{}", run.stderr);
+    let count = || {
+        let (status, v) = http_json(
+            s.qdrant.rest,
+            "POST",
+            "/collections/keepme/points/count",
+            r#"{"exact":true}"#,
+        );
+        assert_eq!(status, 200, "{v}");
+        v["result"]["count"].as_u64().unwrap()
+    };
+    let before = count();
+    assert!(before > 0);
+
+    let mut bad = base_args(&target, "keepme");
+    bad.extend(args(&["--requests", "4", "--recreate", "--rate", "0"]));
+    let run = run_loadgen(&bad, None);
+    assert_eq!(run.status.code(), Some(2), "{}", run.stderr);
+    assert!(run.stderr.contains("--rate 0"), "{}", run.stderr);
+    assert_eq!(count(), before, "the collection was not recreated");
+
+    let out = temp_dir("lg-bad-compare");
+    let run = run_loadgen(
+        &args(&[
+            "compare",
+            "--providers",
+            "ring",
+            "--algorithms",
+            "ecdsa-p256",
+            "--out",
+            out.to_str().unwrap(),
+            "--proxy-bin",
+            binary("proxy").to_str().unwrap(),
+            "--upstream-bin",
+            binary("embedded-qdrant").to_str().unwrap(),
+            "--",
+            "--rate",
+            "0",
+        ]),
+        None,
+    );
+    assert_eq!(run.status.code(), Some(2), "{}", run.stderr);
+    assert!(run.stderr.contains("--rate 0"), "{}", run.stderr);
+    assert!(
+        !run.stderr.contains("[1/"),
+        "no cell started: {}",
+        run.stderr
+    );
+}

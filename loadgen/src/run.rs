@@ -282,6 +282,63 @@ fn serialize_opt_duration<S: serde::Serializer>(
 }
 
 impl RunArgs {
+    /// Every check that needs neither the network nor the target: run before anything is
+    /// changed (the collection recreated, vectors embedded), and by `compare` for every
+    /// cell's flags before the first cell starts.
+    pub fn check(&self) -> Result<()> {
+        let target = Target::parse(&self.target)?;
+        let protocol = self.protocol.unwrap_or_else(|| target.default_protocol());
+        self.client_provider
+            .parse::<ProviderName>()
+            .map_err(|e| anyhow!("--client-provider: {e}"))?;
+        self.kx
+            .parse::<KxGroupName>()
+            .map_err(|e| anyhow!("--kx: {e}"))?;
+        if let Some(r) = self.rate {
+            if !(r > 0.0 && r.is_finite()) {
+                bail!("--rate {r}: must be above 0");
+            }
+        }
+        if let Some(n) = self.connections {
+            if protocol != Protocol::Grpc || self.connection_policy != ConnectionPolicy::Reuse {
+                bail!("--connections shares HTTP/2 connections: it needs --protocol grpc and --connection-policy reuse");
+            }
+            if n == 0 {
+                bail!("--connections must be at least 1");
+            }
+        }
+        if self.requests == Some(0) {
+            bail!("--requests must be at least 1");
+        }
+        if self.points_per_request == 0 {
+            bail!("--points-per-request must be at least 1");
+        }
+        match self.vectors {
+            VectorSource::File if self.vectors_file.is_none() => {
+                bail!("--vectors file needs --vectors-file PATH")
+            }
+            VectorSource::Embeddings => {
+                embeddings_options(self)?;
+            }
+            _ => {}
+        }
+        if self.embed_live.is_some() {
+            embeddings_options(self)?;
+        }
+        match self.power {
+            PowerChoice::Redfish if self.redfish.is_none() => {
+                bail!("--power redfish needs --redfish URL")
+            }
+            PowerChoice::Prometheus
+                if self.prometheus.is_none() || self.prometheus_query.is_none() =>
+            {
+                bail!("--power prometheus needs --prometheus URL and --prometheus-query PROMQL")
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+
     /// Worker threads the runtime should use.
     pub fn worker_threads(&self) -> usize {
         self.threads
@@ -467,6 +524,7 @@ fn watched(args: &RunArgs, proc_root: &std::path::Path) -> Result<Vec<Watched>> 
 
 /// Runs the whole thing: set-up, warm-up, measured phase, read-out.
 pub async fn execute(args: &RunArgs, stop: CancellationToken) -> Result<RunResult> {
+    args.check()?;
     let target = Target::parse(&args.target)?;
     let protocol = args.protocol.unwrap_or_else(|| target.default_protocol());
     let client_provider: ProviderName = args
@@ -547,19 +605,11 @@ pub async fn execute(args: &RunArgs, stop: CancellationToken) -> Result<RunResul
         (None, Some(_)) => None,
         (None, None) => Some(Duration::from_secs(10)),
     };
+    // Checked in `RunArgs::check` before anything was changed.
     let mode = match args.rate {
-        Some(r) if r > 0.0 => Mode::Open(r),
-        Some(r) => bail!("--rate {r}: must be above 0"),
+        Some(r) => Mode::Open(r),
         None => Mode::Closed,
     };
-    if let Some(n) = args.connections {
-        if protocol != Protocol::Grpc || args.connection_policy != ConnectionPolicy::Reuse {
-            bail!("--connections shares HTTP/2 connections: it needs --protocol grpc and --connection-policy reuse");
-        }
-        if n == 0 {
-            bail!("--connections must be at least 1");
-        }
-    }
     let driver_config = DriverConfig {
         mode,
         concurrency: args.concurrency.max(1),

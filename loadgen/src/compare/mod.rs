@@ -351,6 +351,7 @@ pub async fn execute(args: &CompareArgs, stop: CancellationToken) -> Result<Vec<
     );
     probe_args.extend(args.run_args.iter().cloned());
     parse_run_args(probe_args)
+        .and_then(|run| run.check())
         .map_err(|e| anyhow!("flags after -- are not valid `loadgen run` flags: {e}"))?;
 
     let cells_dir = args.out.join("cells");

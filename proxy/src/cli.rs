@@ -531,29 +531,28 @@ fn check_config(args: CheckConfigArgs) -> ExitCode {
         if !lc.cert.is_file() || !lc.key.is_file() {
             continue;
         }
-        let mut provider_name = lc.provider.unwrap_or(config.provider);
-        if provider_name == ProviderName::OpensslQat && qat_state.is_none() {
-            provider_name = ProviderName::Openssl;
-        }
-        let provider = match crate::crypto::Provider::new(provider_name, &lc.tls.kx_groups) {
-            Ok(p) => p,
-            Err(e) => {
-                problems.push(format!("listener[{i}]: {e}"));
-                continue;
-            }
+        let default_alpn: &[&[u8]] = match lc.mode {
+            ListenerMode::Http => &[b"h2", b"http/1.1"],
+            ListenerMode::Tcp => &[],
         };
-        match crate::crypto::load_certified_key(&provider, &lc.cert, &lc.key) {
-            Ok(cert) => {
-                if let Some(warning) = cert.expiry_warning() {
+        // The same resolution `run` performs, QAT proof and fallback included.
+        match crate::tls::resolve_listener_tls(
+            config.listener_provider(lc),
+            &lc.cert,
+            &lc.key,
+            &lc.tls,
+            default_alpn,
+            qat_state.as_deref(),
+            config.qat.fallback,
+        ) {
+            Ok(resolved) => {
+                if let Some(warning) = resolved.cert.expiry_warning() {
                     eprintln!("proxy: warning: listener[{i}]: {warning}");
                 }
-                if let Err(e) = crate::tls::server_config(&provider, &cert, &lc.tls, &[]) {
-                    problems.push(format!("listener[{i}]: {e}"));
-                }
-                if let (ProviderName::OpensslQat, Some(state)) = (provider_name, &qat_state) {
-                    if let Err(e) = state.prove_signing(&lc.key) {
-                        problems.push(format!("listener[{i}]: openssl-qat: {e}"));
-                    }
+                if let Some(why) = resolved.fell_back {
+                    eprintln!(
+                        "proxy: warning: listener[{i}]: QAT offload would be off (software fallback): {why}"
+                    );
                 }
             }
             Err(e) => problems.push(format!("listener[{i}]: {e}")),

@@ -670,14 +670,17 @@ impl Config {
         }
     }
 
+    /// The provider a listener asks for: its own, else the top-level one. (What is in
+    /// effect may differ for openssl-qat: see `tls::resolve_listener_tls`.)
+    pub fn listener_provider(&self, listener: &ListenerConfig) -> crate::crypto::ProviderName {
+        listener.provider.unwrap_or(self.provider)
+    }
+
     /// Where handshakes sign: as configured, else pool when a listener uses openssl-qat
     /// (QAT requests take a round trip to the device), else inline.
     pub fn effective_offload(&self) -> HandshakeOffload {
         self.handshake.offload.unwrap_or_else(|| {
-            let qat = self.listeners.iter().any(|l| {
-                l.provider.unwrap_or(self.provider) == crate::crypto::ProviderName::OpensslQat
-            });
-            if qat {
+            if self.uses_qat() {
                 HandshakeOffload::Pool
             } else {
                 HandshakeOffload::Inline
@@ -689,7 +692,7 @@ impl Config {
     pub fn uses_qat(&self) -> bool {
         self.listeners
             .iter()
-            .any(|l| l.provider.unwrap_or(self.provider) == crate::crypto::ProviderName::OpensslQat)
+            .any(|l| self.listener_provider(l) == crate::crypto::ProviderName::OpensslQat)
     }
 
     /// The resolved configuration as TOML, for `check-config`.

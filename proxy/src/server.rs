@@ -16,7 +16,6 @@ use tokio_util::task::TaskTracker;
 use crate::admin::{self, AdminGuards, AdminState, AdminToken};
 use crate::config::{Config, Limits, ListenerMode};
 use crate::crypto::qat::{self, Fallback, QatState};
-use crate::crypto::ProviderName;
 use crate::http::{BufferBudget, HttpForwarder, H2_CONNECTION_WINDOW};
 use crate::io::{Activity, CountingIo, Quiet, QuietLimits};
 use crate::metrics::{ListenerMetrics, Metrics};
@@ -97,30 +96,37 @@ impl Proxy {
             let at = |what: &str, e: &dyn std::fmt::Display| {
                 StartupError(format!("listener {name:?} (listener[{i}]): {what}{e}"))
             };
-            let mut provider_name = lc.provider.unwrap_or(config.provider);
-            if provider_name == ProviderName::OpensslQat && qat_state.is_none() {
-                // Software fallback was configured and activation failed (logged above).
-                provider_name = ProviderName::Openssl;
-            }
             let default_alpn: &[&[u8]] = match lc.mode {
                 ListenerMode::Http => &[b"h2", b"http/1.1"],
                 ListenerMode::Tcp => &[],
             };
-            let (provider, cert, tls_config) =
-                tls::listener_tls(provider_name, &lc.cert, &lc.key, &lc.tls, default_alpn)
-                    .map_err(|e| at("", &e))?;
-            warn_if_key_readable_by_others(&name, &lc.key);
-            if let (ProviderName::OpensslQat, Some(state)) = (provider_name, &qat_state) {
-                match state.prove_signing(&lc.key) {
-                    Ok(proof) => tracing::info!(listener = %name, "QAT start-up proof: {proof}"),
-                    Err(e) if config.qat.fallback == Fallback::Software => {
-                        tracing::warn!(listener = %name, error = %e, "QAT offload is off for this listener: signing in software OpenSSL");
-                        qat_offload_active = false;
-                        provider_name = ProviderName::Openssl;
-                    }
-                    Err(e) => return Err(at("openssl-qat: ", &e)),
+            let resolved = tls::resolve_listener_tls(
+                config.listener_provider(lc),
+                &lc.cert,
+                &lc.key,
+                &lc.tls,
+                default_alpn,
+                qat_state.as_deref(),
+                config.qat.fallback,
+            )
+            .map_err(|e| at("", &e))?;
+            if let Some(proof) = &resolved.qat_proof {
+                tracing::info!(listener = %name, "QAT start-up proof: {proof}");
+            }
+            if let Some(why) = &resolved.fell_back {
+                tracing::warn!(listener = %name, reason = %why, "QAT offload is off for this listener: signing in software OpenSSL (qat.fallback = \"software\")");
+                if qat_state.is_some() {
+                    qat_offload_active = false;
                 }
             }
+            warn_if_key_readable_by_others(&name, &lc.key);
+            let tls::ResolvedTls {
+                provider,
+                cert,
+                config: tls_config,
+                ..
+            } = resolved;
+            let provider_name = provider.name();
             let upstream = UpstreamAddr::parse(&lc.upstream, lc.mode == ListenerMode::Tcp)
                 .map_err(|e| at("upstream: ", &e))?;
             let addr: SocketAddr = lc

@@ -20,7 +20,7 @@ use rustls::ServerConfig;
 use serde::{Deserialize, Serialize};
 
 use crate::config::TlsPolicy;
-use crate::crypto::qat::QatState;
+use crate::crypto::qat::{Fallback, QatState};
 use crate::crypto::ProviderName;
 use crate::metrics::{ListenerMetrics, Metrics};
 use crate::tls;
@@ -213,25 +213,29 @@ impl TlsSwitch {
                 .ok_or_else(|| SwitchError::UnknownListener(name.clone()))?],
             None => self.listeners.iter().collect(),
         };
-        if req.provider == ProviderName::OpensslQat && self.qat.is_none() {
-            return Err(SwitchError::Invalid(
-                "openssl-qat is not active in this process: start the proxy with an openssl-qat listener (and a working QAT provider) to switch to it".to_owned(),
-            ));
-        }
         let invalid = |l: &SwitchableListener, e: &dyn std::fmt::Display| {
             SwitchError::Invalid(format!("listener {:?}: {e}", l.name))
         };
         let mut built = Vec::with_capacity(targets.len());
         for l in &targets {
             let alpn: Vec<&[u8]> = l.default_alpn.iter().map(Vec::as_slice).collect();
-            let (provider, cert, config) =
-                tls::listener_tls(req.provider, &req.cert, &req.key, &l.policy, &alpn)
-                    .map_err(|e| invalid(l, &e))?;
-            if let (ProviderName::OpensslQat, Some(state)) = (req.provider, &self.qat) {
-                state
-                    .prove_signing(&req.key)
-                    .map_err(|e| invalid(l, &format!("openssl-qat: {e}")))?;
-            }
+            // Strict: a switch to openssl-qat without a working QAT provider is refused,
+            // never quietly served in software.
+            let tls::ResolvedTls {
+                provider,
+                cert,
+                config,
+                ..
+            } = tls::resolve_listener_tls(
+                req.provider,
+                &req.cert,
+                &req.key,
+                &l.policy,
+                &alpn,
+                self.qat.as_deref(),
+                Fallback::None,
+            )
+            .map_err(|e| invalid(l, &e))?;
             if let Some(warning) = cert.expiry_warning() {
                 tracing::warn!(listener = %l.name, certificate = %req.cert.display(), "{warning}");
             }

@@ -107,4 +107,8 @@ pub enum CryptoError {
     /// rustls rejected a configuration built from valid parts.
     #[error("TLS configuration rejected: {0}")]
     Rustls(#[from] rustls::Error),
+    /// The QAT provider is not active, or failed the listener's signing proof (named as the
+    /// provider's failure, never as a key/certificate mismatch).
+    #[error("{0}")]
+    Qat(String),
 }

@@ -16,6 +16,7 @@ use tokio_rustls::server::TlsStream;
 use tokio_rustls::LazyConfigAcceptor;
 
 use crate::config::{HandshakeOffload, TlsPolicy, TlsVersion};
+use crate::crypto::qat::{Fallback, QatState};
 use crate::crypto::{
     load_certified_key, load_client_ca, CryptoError, LoadedCert, Provider, ProviderName,
 };
@@ -24,9 +25,82 @@ use crate::crypto::{
 /// ids) at a few hundred bytes each.
 const SESSION_CACHE_SIZE: usize = 4096;
 
-/// A listener's provider, checked certificate and rustls configuration: the one way both
-/// start-up and the run-time switch build them. The QAT signing proof
-/// stays with the callers, which differ in what a failed proof means.
+/// What a listener's TLS resolved to: the provider in effect (openssl-qat may have fallen
+/// back to openssl), the checked certificate, the rustls configuration, and the QAT signing
+/// proof when offload is on.
+pub struct ResolvedTls {
+    /// The provider in effect.
+    pub provider: Provider,
+    /// The certificate, proven to match its key.
+    pub cert: LoadedCert,
+    /// The rustls configuration.
+    pub config: Arc<ServerConfig>,
+    /// openssl-qat only: the start-up proof that signatures come from the QAT provider.
+    pub qat_proof: Option<String>,
+    /// openssl-qat was asked for and software OpenSSL is in effect, and why.
+    pub fell_back: Option<String>,
+}
+
+/// What a listener's provider choice becomes, in one place for start-up, `check-config`
+/// and the run-time switch: `requested` as configured (the listener's provider or the
+/// top-level one); `qat` the activated QAT provider, if any; `fallback` whether a QAT
+/// provider that is missing or fails its signing proof may be replaced by software OpenSSL
+/// (the run-time switch passes `Fallback::None`: a switch that quietly lands on software
+/// would be a lie).
+pub fn resolve_listener_tls(
+    requested: ProviderName,
+    cert: &Path,
+    key: &Path,
+    policy: &TlsPolicy,
+    default_alpn: &[&[u8]],
+    qat: Option<&QatState>,
+    fallback: Fallback,
+) -> Result<ResolvedTls, CryptoError> {
+    let software = |why: String| -> Result<ResolvedTls, CryptoError> {
+        let (provider, cert, config) =
+            listener_tls(ProviderName::Openssl, cert, key, policy, default_alpn)?;
+        Ok(ResolvedTls {
+            provider,
+            cert,
+            config,
+            qat_proof: None,
+            fell_back: Some(why),
+        })
+    };
+    if requested != ProviderName::OpensslQat {
+        let (provider, cert, config) = listener_tls(requested, cert, key, policy, default_alpn)?;
+        return Ok(ResolvedTls {
+            provider,
+            cert,
+            config,
+            qat_proof: None,
+            fell_back: None,
+        });
+    }
+    let Some(state) = qat else {
+        return match fallback {
+            Fallback::Software => software("the QAT provider is not active".to_owned()),
+            Fallback::None => Err(CryptoError::Qat(
+                "openssl-qat: the QAT provider is not active in this process".to_owned(),
+            )),
+        };
+    };
+    let (provider, loaded, config) = listener_tls(requested, cert, key, policy, default_alpn)?;
+    match state.prove_signing(key) {
+        Ok(proof) => Ok(ResolvedTls {
+            provider,
+            cert: loaded,
+            config,
+            qat_proof: Some(proof.to_string()),
+            fell_back: None,
+        }),
+        Err(e) if fallback == Fallback::Software => software(e.to_string()),
+        Err(e) => Err(CryptoError::Qat(format!("openssl-qat: {e}"))),
+    }
+}
+
+/// A listener's provider, checked certificate and rustls configuration (see
+/// [`resolve_listener_tls`] for the provider choice and the QAT proof).
 pub fn listener_tls(
     provider: ProviderName,
     cert: &Path,

@@ -531,20 +531,8 @@ fn check_config(args: CheckConfigArgs) -> ExitCode {
         if !lc.cert.is_file() || !lc.key.is_file() {
             continue;
         }
-        let default_alpn: &[&[u8]] = match lc.mode {
-            ListenerMode::Http => &[b"h2", b"http/1.1"],
-            ListenerMode::Tcp => &[],
-        };
         // The same resolution `run` performs, QAT proof and fallback included.
-        match crate::tls::resolve_listener_tls(
-            config.listener_provider(lc),
-            &lc.cert,
-            &lc.key,
-            &lc.tls,
-            default_alpn,
-            qat_state.as_deref(),
-            config.qat.fallback,
-        ) {
+        match crate::tls::resolve_configured(&config, lc, qat_state.as_deref()) {
             Ok(resolved) => {
                 if let Some(warning) = resolved.cert.expiry_warning() {
                     eprintln!("proxy: warning: listener[{i}]: {warning}");

@@ -342,6 +342,17 @@ pub enum ListenerMode {
     Tcp,
 }
 
+impl ListenerMode {
+    /// ALPN protocols offered when the listener's policy names none: h2 and HTTP/1.1 in
+    /// http mode; nothing in tcp mode, where the bytes are not ours to interpret.
+    pub fn default_alpn(self) -> &'static [&'static [u8]] {
+        match self {
+            Self::Http => &[b"h2", b"http/1.1"],
+            Self::Tcp => &[],
+        }
+    }
+}
+
 /// How requests travel to the upstream in `http` mode.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]

@@ -96,20 +96,9 @@ impl Proxy {
             let at = |what: &str, e: &dyn std::fmt::Display| {
                 StartupError(format!("listener {name:?} (listener[{i}]): {what}{e}"))
             };
-            let default_alpn: &[&[u8]] = match lc.mode {
-                ListenerMode::Http => &[b"h2", b"http/1.1"],
-                ListenerMode::Tcp => &[],
-            };
-            let resolved = tls::resolve_listener_tls(
-                config.listener_provider(lc),
-                &lc.cert,
-                &lc.key,
-                &lc.tls,
-                default_alpn,
-                qat_state.as_deref(),
-                config.qat.fallback,
-            )
-            .map_err(|e| at("", &e))?;
+            let default_alpn = lc.mode.default_alpn();
+            let resolved = tls::resolve_configured(config, lc, qat_state.as_deref())
+                .map_err(|e| at("", &e))?;
             if let Some(proof) = &resolved.qat_proof {
                 tracing::info!(listener = %name, "QAT start-up proof: {proof}");
             }

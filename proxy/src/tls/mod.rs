@@ -15,7 +15,7 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio_rustls::server::TlsStream;
 use tokio_rustls::LazyConfigAcceptor;
 
-use crate::config::{HandshakeOffload, TlsPolicy, TlsVersion};
+use crate::config::{Config, HandshakeOffload, ListenerConfig, TlsPolicy, TlsVersion};
 use crate::crypto::qat::{Fallback, QatState};
 use crate::crypto::{
     load_certified_key, load_client_ca, CryptoError, LoadedCert, Provider, ProviderName,
@@ -97,6 +97,24 @@ pub fn resolve_listener_tls(
         Err(e) if fallback == Fallback::Software => software(e.to_string()),
         Err(e) => Err(CryptoError::Qat(format!("openssl-qat: {e}"))),
     }
+}
+
+/// [`resolve_listener_tls`] for a listener as configured: its provider (or the top-level
+/// one), its mode's ALPN default, and `qat.fallback`.
+pub fn resolve_configured(
+    config: &Config,
+    listener: &ListenerConfig,
+    qat: Option<&QatState>,
+) -> Result<ResolvedTls, CryptoError> {
+    resolve_listener_tls(
+        config.listener_provider(listener),
+        &listener.cert,
+        &listener.key,
+        &listener.tls,
+        listener.mode.default_alpn(),
+        qat,
+        config.qat.fallback,
+    )
 }
 
 /// A listener's provider, checked certificate and rustls configuration (see

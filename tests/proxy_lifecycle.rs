@@ -33,9 +33,9 @@ fn startup_errors_name_the_problem() {
         &["listener[0].key", "/nonexistent/server.key"],
     );
     // A key that does not belong to the certificate, for every software provider.
-    for p in ["ring", "aws-lc-rs", "openssl"] {
+    for p in ProviderName::SOFTWARE {
         expect_failure(
-            &startup_run_args(&cert, &other_key, &["--provider", p]),
+            &startup_run_args(&cert, &other_key, &["--provider", p.as_str()]),
             1,
             &["does not match", "ecdsa-p256.key", "rsa2048.crt"],
         );

@@ -6,16 +6,10 @@ use bytes::Bytes;
 use e2e::*;
 use proxy::crypto::{CertAlgorithmName, ProviderName};
 
-const SOFTWARE_PROVIDERS: [ProviderName; 3] = [
-    ProviderName::Ring,
-    ProviderName::AwsLcRs,
-    ProviderName::Openssl,
-];
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_provider_every_algorithm_both_tls_versions() {
     let upstream = EchoUpstream::start();
-    for provider in SOFTWARE_PROVIDERS {
+    for provider in ProviderName::SOFTWARE {
         for alg in CertAlgorithmName::ALL {
             let proxy = ProxyProcess::start(&upstream.url(), provider, alg, &[]);
             for (tls13, tls12, want) in [

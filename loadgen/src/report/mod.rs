@@ -16,15 +16,31 @@ use std::path::Path;
 
 use anyhow::{bail, Context, Result};
 
+use proxy::crypto::{CertAlgorithmName, ProviderName};
+
 use crate::compare::{CellFailure, FAILURE_SCHEMA};
 use crate::result::{Measured, RunResult, SCHEMA};
 
-/// Providers a ratio's baseline is chosen from.
-pub const SOFTWARE_PROVIDERS: [&str; 3] = ["ring", "aws-lc-rs", "openssl"];
+/// Providers a ratio's baseline is chosen from: the registry's software providers.
+pub const SOFTWARE_PROVIDERS: [&str; 3] = [
+    ProviderName::SOFTWARE[0].as_str(),
+    ProviderName::SOFTWARE[1].as_str(),
+    ProviderName::SOFTWARE[2].as_str(),
+];
 
 /// Report order: the registry's providers first, then peers by name.
-const PROVIDER_ORDER: [&str; 4] = ["ring", "aws-lc-rs", "openssl", "openssl-qat"];
-const ALGORITHM_ORDER: [&str; 4] = ["rsa2048", "rsa4096", "ecdsa-p256", "ecdsa-p384"];
+const PROVIDER_ORDER: [&str; 4] = [
+    ProviderName::ALL[0].as_str(),
+    ProviderName::ALL[1].as_str(),
+    ProviderName::ALL[2].as_str(),
+    ProviderName::ALL[3].as_str(),
+];
+const ALGORITHM_ORDER: [&str; 4] = [
+    CertAlgorithmName::ALL[0].as_str(),
+    CertAlgorithmName::ALL[1].as_str(),
+    CertAlgorithmName::ALL[2].as_str(),
+    CertAlgorithmName::ALL[3].as_str(),
+];
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Better {

@@ -34,6 +34,9 @@ impl ProviderName {
     /// Every provider, in the order reports list them.
     pub const ALL: [ProviderName; 4] = [Self::Ring, Self::AwsLcRs, Self::Openssl, Self::OpensslQat];
 
+    /// The providers that need no hardware: the baselines a QAT figure is compared with.
+    pub const SOFTWARE: [ProviderName; 3] = [Self::Ring, Self::AwsLcRs, Self::Openssl];
+
     /// The name used on the command line, in config files and as a metric label.
     pub const fn as_str(self) -> &'static str {
         match self {

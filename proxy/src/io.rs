@@ -71,6 +71,8 @@ pub struct Activity {
     /// True in tcp mode: there are no requests, so any byte is progress. In HTTP mode only
     /// requests and body data are: a PING or a WINDOW_UPDATE keeps nothing alive.
     bytes_are_progress: bool,
+    /// Requests the client may cancel before [`Activity::flooding`] resolves.
+    reset_budget: u64,
     in_flight: AtomicU32,
     started: AtomicU64,
     cancelled: AtomicU64,
@@ -80,12 +82,13 @@ pub struct Activity {
 }
 
 impl Activity {
-    /// A fresh tracker, active now.
-    pub fn new(bytes_are_progress: bool) -> Arc<Self> {
+    /// A fresh tracker, active now. `reset_budget`: see [`Activity::flooding`].
+    pub fn new(bytes_are_progress: bool, reset_budget: u64) -> Arc<Self> {
         Arc::new(Self {
             opened: Instant::now(),
             last_ms: AtomicU64::new(0),
             bytes_are_progress,
+            reset_budget,
             in_flight: AtomicU32::new(0),
             started: AtomicU64::new(0),
             cancelled: AtomicU64::new(0),
@@ -107,15 +110,13 @@ impl Activity {
         }
     }
 
-    /// A request arrived; dropping the guard ends it. `reset_budget`: see
-    /// [`Activity::flooding`].
-    pub fn request_started(self: &Arc<Self>, reset_budget: u64) -> RequestGuard {
+    /// A request arrived; dropping the guard ends it.
+    pub fn request_started(self: &Arc<Self>) -> RequestGuard {
         self.in_flight.fetch_add(1, Ordering::Relaxed);
         self.started.fetch_add(1, Ordering::Relaxed);
         self.touch();
         RequestGuard {
             activity: self.clone(),
-            reset_budget,
             completed: false,
         }
     }
@@ -130,12 +131,13 @@ impl Activity {
         self.cancelled.load(Ordering::Relaxed)
     }
 
-    /// Counts a cancelled request: once more than `max` requests were cancelled by the client and
-    /// they are at least half of all its requests, [`Activity::flooding`] resolves. Checked
-    /// on each cancellation, so it costs nothing on connections that never cancel.
-    fn note_cancelled(&self, max: u64) {
+    /// Counts a cancelled request: once more than the reset budget were cancelled by the
+    /// client and they are at least half of all its requests, [`Activity::flooding`]
+    /// resolves. Checked on each cancellation, so it costs nothing on connections that never
+    /// cancel.
+    fn note_cancelled(&self) {
         let cancelled = self.cancelled.fetch_add(1, Ordering::Relaxed) + 1;
-        if cancelled > max
+        if cancelled > self.reset_budget
             && cancelled * 2 >= self.started.load(Ordering::Relaxed)
             && !self.flooding.swap(true, Ordering::Relaxed)
         {
@@ -195,7 +197,6 @@ impl Activity {
 #[derive(Debug)]
 pub struct RequestGuard {
     activity: Arc<Activity>,
-    reset_budget: u64,
     completed: bool,
 }
 
@@ -216,7 +217,7 @@ impl Drop for RequestGuard {
         self.activity.in_flight.fetch_sub(1, Ordering::Relaxed);
         self.activity.touch();
         if !self.completed {
-            self.activity.note_cancelled(self.reset_budget);
+            self.activity.note_cancelled();
         }
     }
 }

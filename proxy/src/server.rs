@@ -493,7 +493,10 @@ async fn handle_connection(
     // socket (see `bind`); elsewhere they are set here, five system calls per connection.
     #[cfg(not(target_os = "linux"))]
     let _ = set_connection_options(&stream, &ctx.limits);
-    let activity = Activity::new(matches!(ctx.mode, Mode::Tcp(_)));
+    let activity = Activity::new(
+        matches!(ctx.mode, Mode::Tcp(_)),
+        ctx.limits.h2_max_reset_streams,
+    );
     let io = CountingIo::new(stream, m.received.clone(), m.sent.clone(), activity.clone());
     let started = Instant::now();
 

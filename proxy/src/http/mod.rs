@@ -483,9 +483,7 @@ impl hyper::service::Service<Request<Incoming>> for ForwardService {
     fn call(&self, req: Request<Incoming>) -> Self::Future {
         // Started here, so a stream the client resets while the upstream is still working
         // (hyper drops this future) counts as cancelled, and the upstream request with it.
-        let request = self
-            .activity
-            .request_started(self.forwarder.limits.h2_max_reset_streams);
+        let request = self.activity.request_started();
         let this = self.clone();
         Box::pin(async move { Ok(this.forwarder.forward(req, &this, request).await) })
     }

@@ -56,45 +56,39 @@ pub fn resolve_listener_tls(
     qat: Option<&QatState>,
     fallback: Fallback,
 ) -> Result<ResolvedTls, CryptoError> {
-    let software = |why: String| -> Result<ResolvedTls, CryptoError> {
-        let (provider, cert, config) =
-            listener_tls(ProviderName::Openssl, cert, key, policy, default_alpn)?;
-        Ok(ResolvedTls {
+    let build = |name: ProviderName, fell_back: Option<String>| {
+        let (provider, cert, config) = listener_tls(name, cert, key, policy, default_alpn)?;
+        Ok::<_, CryptoError>(ResolvedTls {
             provider,
             cert,
             config,
             qat_proof: None,
-            fell_back: Some(why),
+            fell_back,
         })
     };
     if requested != ProviderName::OpensslQat {
-        let (provider, cert, config) = listener_tls(requested, cert, key, policy, default_alpn)?;
-        return Ok(ResolvedTls {
-            provider,
-            cert,
-            config,
-            qat_proof: None,
-            fell_back: None,
-        });
+        return build(requested, None);
     }
     let Some(state) = qat else {
         return match fallback {
-            Fallback::Software => software("the QAT provider is not active".to_owned()),
+            Fallback::Software => build(
+                ProviderName::Openssl,
+                Some("the QAT provider is not active".to_owned()),
+            ),
             Fallback::None => Err(CryptoError::Qat(
                 "openssl-qat: the QAT provider is not active in this process".to_owned(),
             )),
         };
     };
-    let (provider, loaded, config) = listener_tls(requested, cert, key, policy, default_alpn)?;
+    let resolved = build(requested, None)?;
     match state.prove_signing(key) {
         Ok(proof) => Ok(ResolvedTls {
-            provider,
-            cert: loaded,
-            config,
             qat_proof: Some(proof.to_string()),
-            fell_back: None,
+            ..resolved
         }),
-        Err(e) if fallback == Fallback::Software => software(e.to_string()),
+        Err(e) if fallback == Fallback::Software => {
+            build(ProviderName::Openssl, Some(e.to_string()))
+        }
         Err(e) => Err(CryptoError::Qat(format!("openssl-qat: {e}"))),
     }
 }

@@ -41,8 +41,9 @@ pub const DEFAULT_UPSTREAM_RESPONSE_TIMEOUT: Duration = Duration::from_secs(60);
 pub const DEFAULT_H2_MAX_CONCURRENT_STREAMS: u32 = 256;
 /// In-flight requests get this long to finish after SIGTERM.
 pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
-/// A connection that has sent no request this long after its handshake is closed: an h2
-/// client that never sends its preface, or only PINGs, holds a slot for nothing.
+/// A connection that has sent no request this long after its handshake (or the idle timeout,
+/// if shorter) is closed: an h2 client that never sends its preface, or only PINGs, holds a
+/// slot for nothing.
 pub const DEFAULT_FIRST_REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 /// A connection with requests in flight on which nothing moved this long (no body data
 /// either way, no response) is closed at once: its client reads nothing (a zero window, a

@@ -112,7 +112,9 @@ impl HttpForwarder {
             .timer(TokioTimer::new())
             .build(connector);
         let quiet = QuietLimits {
-            first_request: limits.first_request_timeout,
+            // A connection that never sent a request is idle too: it gets no longer than one
+            // that has (a short --idle-timeout alone must close silent connections).
+            first_request: limits.first_request_timeout.min(limits.idle_timeout),
             idle: limits.idle_timeout,
             stall: limits.stall_timeout,
         };

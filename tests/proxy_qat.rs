@@ -1,9 +1,12 @@
-//! The openssl-qat provider path, proven on this machine with real OpenSSL providers
-//! standing in for the QAT one (no QAT device exists here): OpenSSL's `default` provider
-//! loaded by name from the module directory performs the signatures; the `legacy` module, a
-//! real non-default provider that cannot sign, must fail the start-up proof; missing modules
-//! and wrong names are refused with messages naming what was looked for. Telemetry is read
-//! from recorded file trees in tests/fixtures/qat.
+//! The openssl-qat provider path as far as it goes without QAT_Engine: real OpenSSL
+//! providers stand in for the QAT one where what is tested is the proxy's judgement of a
+//! provider. OpenSSL's `default` provider signs but never pauses an asynchronous job,
+//! exactly what a QAT provider that is loaded but not offloading does, so the start-up
+//! proof must refuse it (or fall back when asked); the `legacy` module, a real
+//! non-default provider that cannot sign, must fail the proof; missing modules and wrong
+//! names are refused with messages naming what was looked for. Telemetry is read from
+//! recorded file trees in tests/fixtures/qat. The real provider (QAT_Engine in software
+//! mode) is exercised by tests/qat_engine.rs.
 
 use std::path::PathBuf;
 
@@ -37,96 +40,35 @@ fn fixtures() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("fixtures/qat")
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn default_provider_stands_in_for_qat_and_signs_every_handshake() {
-    let upstream = EchoUpstream::start();
+#[test]
+fn a_provider_that_signs_without_offloading_fails_the_start_up_proof() {
     let modules = modules_dir().display().to_string();
-    let telemetry = fixtures().join("in-kernel/sys").display().to_string();
     for alg in [CertAlgorithmName::Rsa2048, CertAlgorithmName::EcdsaP384] {
-        let proxy = ProxyProcess::start(
-            &upstream.url(),
-            ProviderName::OpensslQat,
-            alg,
+        let (cert, key) = server_cert(alg);
+        let args = startup_run_args(
+            &cert.display().to_string(),
+            &key.display().to_string(),
             &[
+                "--provider",
+                "openssl-qat",
                 "--qat-provider-name",
                 "default",
                 "--qat-module-path",
                 &modules,
-                "--qat-telemetry-root",
-                &telemetry,
             ],
         );
-        let log = proxy.log_text();
-        assert!(log.contains("QAT provider active"), "{log}");
+        let argv: Vec<&str> = args.iter().map(String::as_str).collect();
+        let (status, out) = run_proxy_to_exit(&argv);
+        assert_eq!(status.code(), Some(1), "{out}");
+        assert!(out.contains("start-up proof failed"), "{out}");
         assert!(
-            log.contains(r#"signature fetched from provider \"default\""#)
-                || log.contains(r#"signature fetched from provider "default""#),
-            "{log}"
-        );
-        for (tls13, tls12) in [(true, false), (false, true)] {
-            let cfg = client_config(&ClientOpts {
-                tls13,
-                tls12,
-                ..ClientOpts::default()
-            });
-            let a = request_bounded(proxy.addr, cfg, "GET", "/qat", &[], Bytes::new())
-                .await
-                .unwrap();
-            assert_eq!(a.status, 200);
-        }
-        let m = proxy.metrics();
-        assert_eq!(
-            metric_value(&m, "proxy_qat_offload_active", &[]),
-            Some(1.0),
-            "{m}"
-        );
-        // QAT listeners hand the signing step to the handshake pool by default.
-        assert_eq!(
-            metric_value(
-                &m,
-                "proxy_listener_info",
-                &[
-                    ("provider", "openssl-qat"),
-                    ("handshake_offload", "pool"),
-                    ("algorithm", alg.as_str())
-                ]
+            out.contains(
+                "without pausing its asynchronous job, so it is loaded but not offloading"
             ),
-            Some(1.0),
-            "{m}"
+            "{out}"
         );
-        assert_eq!(
-            metric_value(
-                &m,
-                "proxy_tls_handshakes_total",
-                &[("provider", "openssl-qat"), ("outcome", "ok")]
-            ),
-            Some(1.0),
-            "{m}"
-        );
-        // Telemetry from the recorded in-kernel debugfs tree.
-        assert_eq!(
-            metric_value(&m, "proxy_qat_telemetry_available", &[]),
-            Some(1.0),
-            "{m}"
-        );
-        assert_eq!(
-            metric_value(
-                &m,
-                "proxy_qat_pke_utilization_peak_percent",
-                &[("device", "qat_4xxx_0000:6b:00.0")]
-            ),
-            Some(46.0),
-            "{m}"
-        );
-        assert_eq!(
-            metric_value(
-                &m,
-                "proxy_qat_pcie_bandwidth_bytes_per_second",
-                &[("direction", "in")]
-            ),
-            Some(150_000_000.0),
-            "{m}"
-        );
+        // A provider's failure is never reported as a key problem.
+        assert!(!out.contains("does not match"), "{out}");
     }
 }
 
@@ -180,8 +122,8 @@ fn a_provider_that_cannot_sign_fails_the_start_up_proof() {
     assert!(out.contains("start-up proof failed"), "{out}");
     write("default");
     let (status, out) = run_proxy_to_exit(&["check-config", &f]);
-    assert!(status.success(), "{out}");
-    assert!(out.contains(r#"provider_name = "default""#), "{out}");
+    assert_eq!(status.code(), Some(2), "{out}");
+    assert!(out.contains("loaded but not offloading"), "{out}");
     std::fs::remove_dir_all(&dir).ok();
 }
 
@@ -213,22 +155,22 @@ fn missing_module_and_wrong_names_are_refused_clearly() {
         out.contains("/nonexistent/ossl-modules: no such file or directory"),
         "{out}"
     );
-    // External polling asked of a provider that has no QAT polling parameters.
-    let (code, out) = start_failure(&[
-        "--qat-provider-name",
-        "default",
-        "--qat-module-path",
-        &dir,
-        "--qat-polling",
-        "external",
-    ]);
-    assert_eq!(code, 1, "{out}");
-    assert!(out.contains("reports no QAT polling parameters"), "{out}");
+    // External polling: QAT_Engine's provider offers applications no poll call, so nothing
+    // would collect completions; refused before anything is loaded.
+    for mode in ["external", "heuristic"] {
+        let (code, out) = start_failure(&["--qat-polling", mode]);
+        assert_eq!(code, 2, "{out}");
+        assert!(
+            out.contains(&format!("qat.polling = \"{mode}\"")) && out.contains("no call"),
+            "{out}"
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn software_fallback_only_when_configured_and_then_visible() {
     let upstream = EchoUpstream::start();
+    // No QAT provider at all.
     let proxy = ProxyProcess::start(
         &upstream.url(),
         ProviderName::OpensslQat,
@@ -274,4 +216,84 @@ async fn software_fallback_only_when_configured_and_then_visible() {
     );
     let log = proxy.log_text();
     assert!(log.contains("QAT offload is off"), "{log}");
+}
+
+/// A provider that loads but does not offload, with `qat.fallback = "software"`: the proxy
+/// serves in software OpenSSL, says so, labels the handshakes with what signed them, and
+/// still reports the device telemetry it finds (here a recorded in-kernel debugfs tree).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_provider_that_does_not_offload_falls_back_when_asked() {
+    let upstream = EchoUpstream::start();
+    let modules = modules_dir().display().to_string();
+    let telemetry = fixtures().join("in-kernel/sys").display().to_string();
+    let proxy = ProxyProcess::start(
+        &upstream.url(),
+        ProviderName::OpensslQat,
+        CertAlgorithmName::Rsa2048,
+        &[
+            "--qat-provider-name",
+            "default",
+            "--qat-module-path",
+            &modules,
+            "--qat-fallback",
+            "software",
+            "--qat-telemetry-root",
+            &telemetry,
+        ],
+    );
+    for (tls13, tls12) in [(true, false), (false, true)] {
+        let cfg = client_config(&ClientOpts {
+            tls13,
+            tls12,
+            ..ClientOpts::default()
+        });
+        let a = request_bounded(proxy.addr, cfg, "GET", "/qat", &[], Bytes::new())
+            .await
+            .unwrap();
+        assert_eq!(a.status, 200);
+    }
+    let log = proxy.log_text();
+    assert!(log.contains("loaded but not offloading"), "{log}");
+    assert!(
+        log.contains("QAT offload is off for this listener"),
+        "{log}"
+    );
+    let m = proxy.metrics();
+    assert_eq!(
+        metric_value(&m, "proxy_qat_offload_active", &[]),
+        Some(0.0),
+        "{m}"
+    );
+    assert_eq!(
+        metric_sum(
+            &m,
+            "proxy_tls_handshakes_total",
+            &[("provider", "openssl"), ("outcome", "ok")]
+        ),
+        2.0,
+        "{m}"
+    );
+    assert_eq!(
+        metric_value(&m, "proxy_qat_telemetry_available", &[]),
+        Some(1.0),
+        "{m}"
+    );
+    assert_eq!(
+        metric_value(
+            &m,
+            "proxy_qat_pke_utilization_peak_percent",
+            &[("device", "qat_4xxx_0000:6b:00.0")]
+        ),
+        Some(46.0),
+        "{m}"
+    );
+    assert_eq!(
+        metric_value(
+            &m,
+            "proxy_qat_pcie_bandwidth_bytes_per_second",
+            &[("direction", "in")]
+        ),
+        Some(150_000_000.0),
+        "{m}"
+    );
 }

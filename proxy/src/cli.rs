@@ -114,12 +114,17 @@ pub struct Overrides {
     /// Directory holding the provider module, or the module file itself.
     #[arg(long, value_name = "PATH")]
     qat_module_path: Option<PathBuf>,
-    /// Who polls the QAT provider: internal, external, heuristic.
+    /// Who polls the QAT provider: internal (its own thread; the default) or inline (QAT
+    /// hardware: the requesting thread). external and heuristic are refused: the provider
+    /// offers applications no poll call.
     #[arg(long, value_enum)]
     qat_polling: Option<crate::crypto::qat::Polling>,
     /// If the QAT provider cannot be used: none (refuse to start) or software.
     #[arg(long, value_enum)]
     qat_fallback: Option<crate::crypto::qat::Fallback>,
+    /// The QAT provider's batch width: 8 for qat_sw (the default), 1 for QAT hardware.
+    #[arg(long, value_name = "N")]
+    qat_batch: Option<usize>,
     /// Root of the sysfs tree holding QAT telemetry (default /sys).
     #[arg(long, value_name = "DIR")]
     qat_telemetry_root: Option<PathBuf>,
@@ -258,6 +263,10 @@ pub fn resolve(config_file: Option<&PathBuf>, o: &Overrides) -> Result<Config, C
     if let Some(v) = o.qat_fallback {
         cfg.qat.fallback = v;
     }
+    if let Some(v) = o.qat_batch {
+        cfg.qat.batch = v;
+    }
+
     if let Some(v) = &o.qat_telemetry_root {
         cfg.qat.telemetry_root = v.clone();
     }
@@ -548,6 +557,21 @@ fn check_config(args: CheckConfigArgs) -> ExitCode {
     }
     if problems.is_empty() {
         print!("{}", config.to_toml());
+        if let Some(state) = &qat_state {
+            // What the provider itself reads: its OpenSSL configuration section.
+            match &state.settings {
+                crate::crypto::qat::SettingsSource::Proxy(_) => print!(
+                    "\n# The OpenSSL configuration the proxy loads for the QAT provider:\n{}",
+                    config
+                        .qat
+                        .openssl_config(config.qat.module_path.as_deref().filter(|p| p.is_file()))
+                        .lines()
+                        .map(|l| format!("#   {l}\n"))
+                        .collect::<String>()
+                ),
+                other => println!("\n# QAT provider settings: {other}"),
+            }
+        }
         ExitCode::SUCCESS
     } else {
         fail(2, &ConfigError { problems })

@@ -93,9 +93,8 @@ pub struct Config {
     /// Reactor worker threads; 0 means one per CPU.
     #[serde(default)]
     pub worker_threads: usize,
-    /// Where and how the TLS handshake's signing runs. Default: inline, except with an
-    /// `openssl-qat` listener, where a synchronous offload request must not hold a reactor
-    /// thread (pool).
+    /// Where and how the TLS handshake's signing runs (default inline). openssl-qat
+    /// listeners always wait for the asynchronous QAT signer on blocking threads instead.
     #[serde(default)]
     pub handshake: HandshakeConfig,
     /// Limits and timeouts, for every listener.
@@ -563,6 +562,9 @@ impl Config {
         if let Err(e) = crate::trust::TrustedProxies::parse(&self.trusted_proxies) {
             problems.push(e);
         }
+        if self.uses_qat() {
+            problems.extend(self.qat.problems());
+        }
         let l = &self.limits;
         if l.max_connections == 0 {
             problems.push("limits.max_connections must be at least 1".to_owned());
@@ -688,16 +690,10 @@ impl Config {
         listener.provider.unwrap_or(self.provider)
     }
 
-    /// Where handshakes sign: as configured, else pool when a listener uses openssl-qat
-    /// (QAT requests take a round trip to the device), else inline.
+    /// Where handshakes of software providers sign: as configured, else inline.
+    /// (openssl-qat handshakes wait for the QAT signer on blocking threads: `tls::accept`.)
     pub fn effective_offload(&self) -> HandshakeOffload {
-        self.handshake.offload.unwrap_or_else(|| {
-            if self.uses_qat() {
-                HandshakeOffload::Pool
-            } else {
-                HandshakeOffload::Inline
-            }
-        })
+        self.handshake.offload.unwrap_or(HandshakeOffload::Inline)
     }
 
     /// True when any listener uses the QAT provider.

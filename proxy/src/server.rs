@@ -174,6 +174,7 @@ impl Proxy {
                     config: tls_config,
                     metrics: lm.clone(),
                     provider: provider_name,
+                    waits_for_signer: provider_name == crate::crypto::ProviderName::OpensslQat,
                     algorithm: cert.algorithm.label(),
                     cert: lc.cert.clone(),
                     key: lc.key.clone(),
@@ -375,9 +376,9 @@ fn activate_qat(config: &Config) -> Result<Option<Arc<QatState>>, StartupError> 
         Ok(state) => {
             tracing::info!(
                 provider = %state.name,
-                property_query = %state.property_query,
-                polling = ?state.effective_polling,
-                "QAT provider active"
+                signature_query = %state.property_query,
+                settings = %state.settings,
+                "QAT provider active: signatures only, asynchronous"
             );
             Ok(Some(state))
         }
@@ -508,7 +509,12 @@ async fn handle_connection(
     // inline, they made it 11 KiB, most of an idle connection's memory.
     let handshake = tokio::time::timeout(
         ctx.limits.handshake_timeout,
-        Box::pin(tls::accept(io, current.config.clone(), &ctx.offload)),
+        Box::pin(tls::accept(
+            io,
+            current.config.clone(),
+            &ctx.offload,
+            current.waits_for_signer,
+        )),
     )
     .await;
     let tls_stream = match handshake {

@@ -33,6 +33,8 @@ pub struct ListenerTls {
     pub metrics: ListenerMetrics,
     /// The provider in effect.
     pub provider: ProviderName,
+    /// Handshakes wait for the asynchronous QAT signer (openssl-qat in effect).
+    pub waits_for_signer: bool,
     /// The certificate's algorithm label.
     pub algorithm: &'static str,
     /// Where the certificate chain was read from (what a reload reads again).
@@ -255,6 +257,7 @@ impl TlsSwitch {
                 config,
                 metrics,
                 provider: provider.name(),
+                waits_for_signer: provider.name() == ProviderName::OpensslQat,
                 algorithm,
                 cert: req.cert.clone(),
                 key: req.key.clone(),

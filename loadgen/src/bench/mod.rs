@@ -41,6 +41,9 @@ pub const H2_WINDOW: u32 = 4 * 1024 * 1024;
 /// as gRPC protobuf (416 KB), and the 800 KB upsert of the latency row.
 /// Why a peer has no in-memory handshake figure (rendered as a dash, not as a note).
 const NOT_RUSTLS: &str = "not rustls";
+/// Why openssl-qat has none: its signatures need the QAT provider loaded and its signer
+/// running, which only the proxy process has.
+const NOT_IN_PROCESS: &str = "QAT provider not loaded in loadgen";
 
 const REST_BODY: usize = 763 * 1024;
 const GRPC_BODY: usize = 416 * 1024;
@@ -71,6 +74,10 @@ pub struct BenchArgs {
     /// for our proxy alone.
     #[arg(long, value_delimiter = ',', default_value = "nginx,haproxy")]
     pub peers: Vec<String>,
+    /// A further `proxy run` flag for every proxy column, repeatable, e.g.
+    /// `--proxy-arg=--qat-module-path=/opt/qat/lib/ossl-modules` for openssl-qat.
+    #[arg(long = "proxy-arg", value_name = "FLAG", allow_hyphen_values = true)]
+    pub proxy_args: Vec<String>,
     /// Certificate algorithms of the new-connection rows.
     #[arg(
         long,
@@ -487,6 +494,7 @@ pub async fn execute(args: &BenchArgs, stop: CancellationToken) -> Result<BenchR
                 sink,
                 &work,
                 args.proxy_worker_threads,
+                &args.proxy_args,
             ),
             Column::Peer(p, Ok(bin)) => terminators::start_peer(*p, bin, &certs, sink, &work),
             Column::Peer(p, Err(e)) => Err(anyhow::anyhow!("{}: {e:#}", p.as_str())),
@@ -698,25 +706,37 @@ async fn measure(
         .await;
         let per_conn = cpu_per_unit(rows, key, label, alg.as_str(), measured, &PER_CONNECTION);
         // Our providers: the same handshake in memory, server side only (the floor).
-        let in_memory = t.provider.map(|p| {
-            let (_, _, server) = proxy::tls::listener_tls(
-                p,
-                &certs.dir.join(format!("{}.crt", alg.as_str())),
-                &certs.dir.join(format!("{}.key", alg.as_str())),
-                policy,
-                &[],
-            )?;
-            let n = match alg {
-                CertAlgorithmName::Rsa4096 => 200,
-                _ => 1000,
-            };
-            let d =
-                proxy::tls::measure::mean_server_handshake(&server, &clients.in_memory, n / 10, n)?;
-            Ok::<f64, anyhow::Error>(d.as_secs_f64() * 1e6)
-        });
+        let in_memory = t
+            .provider
+            .filter(|p| *p != ProviderName::OpensslQat)
+            .map(|p| {
+                let (_, _, server) = proxy::tls::listener_tls(
+                    p,
+                    &certs.dir.join(format!("{}.crt", alg.as_str())),
+                    &certs.dir.join(format!("{}.key", alg.as_str())),
+                    policy,
+                    &[],
+                )?;
+                let n = match alg {
+                    CertAlgorithmName::Rsa4096 => 200,
+                    _ => 1000,
+                };
+                let d = proxy::tls::measure::mean_server_handshake(
+                    &server,
+                    &clients.in_memory,
+                    n / 10,
+                    n,
+                )?;
+                Ok::<f64, anyhow::Error>(d.as_secs_f64() * 1e6)
+            });
         match (&per_conn, in_memory) {
             (_, None) => {
-                put_missing(rows, &[mem_key, beyond_key], label, NOT_RUSTLS);
+                let why = if t.provider.is_some() {
+                    NOT_IN_PROCESS
+                } else {
+                    NOT_RUSTLS
+                };
+                put_missing(rows, &[mem_key, beyond_key], label, why);
             }
             (Ok(total), Some(Ok(mem))) => {
                 let total = *total;

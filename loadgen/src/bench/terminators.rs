@@ -155,6 +155,7 @@ pub fn start_proxy(
     sink: SocketAddr,
     work: &Path,
     worker_threads: usize,
+    extra_args: &[String],
 ) -> Result<Terminator> {
     let mut toml = format!(
         "provider = \"{}\"\nlog_level = \"warn\"\nworker_threads = {worker_threads}\n\
@@ -176,7 +177,7 @@ pub fn start_proxy(
     let config = work.join(format!("{what}.toml"));
     std::fs::write(&config, toml).with_context(|| format!("writing {}", config.display()))?;
     let mut cmd = Command::new(binary);
-    cmd.arg("run").arg("--config").arg(&config);
+    cmd.arg("run").arg("--config").arg(&config).args(extra_args);
     let managed = Managed::start(cmd, &what, work, None)?;
     let listeners = managed
         .ready

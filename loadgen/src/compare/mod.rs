@@ -132,6 +132,10 @@ pub struct CompareArgs {
     /// The proxy binary of local mode (default: next to this loadgen).
     #[arg(long)]
     pub proxy_bin: Option<PathBuf>,
+    /// A further `proxy run` flag for every local cell, repeatable, e.g.
+    /// `--proxy-arg=--qat-module-path=/opt/qat/lib/ossl-modules` for openssl-qat cells.
+    #[arg(long = "proxy-arg", value_name = "FLAG", allow_hyphen_values = true)]
+    pub proxy_args: Vec<String>,
     /// The upstream binary of local mode (default: embedded-qdrant next to this loadgen).
     #[arg(long)]
     pub upstream_bin: Option<PathBuf>,
@@ -587,6 +591,7 @@ async fn run_local_cell(
     if let Some(n) = args.proxy_worker_threads {
         cmd.args(["--worker-threads", &n.to_string()]);
     }
+    cmd.args(&args.proxy_args);
     let cpus = args.proxy_cpus.as_deref().map(parse_cpu_list).transpose()?;
     let proxy = tokio::task::block_in_place(|| Managed::start(cmd, "proxy", work, cpus.as_deref()))
         .context("the proxy would not start")?;

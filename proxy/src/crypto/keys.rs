@@ -153,7 +153,14 @@ pub fn load_certified_key(
         Err(rustls::Error::InconsistentKeys(rustls::InconsistentKeys::Unknown)) => {}
         Err(e) => return Err(mismatch(e.to_string())),
     }
-    probe_signature(provider, &certified).map_err(mismatch)?;
+    probe_signature(provider, &certified).map_err(|e| match e {
+        Probe::Sign(reason) => CryptoError::SigningFailed {
+            key: key_path.to_owned(),
+            provider: provider.name().as_str(),
+            reason,
+        },
+        Probe::Verify(reason) => mismatch(reason),
+    })?;
     Ok(LoadedCert {
         certified: Arc::new(certified),
         algorithm,
@@ -162,9 +169,16 @@ pub fn load_certified_key(
     })
 }
 
+/// How the probe signature failed: the provider could not sign (its failure), or the
+/// signature does not verify with the certificate (the key is not the certificate's).
+enum Probe {
+    Sign(String),
+    Verify(String),
+}
+
 /// Signs a fixed message with the key through the provider, then verifies the signature
 /// with the certificate's public key, using only TLS 1.3 schemes (what a handshake uses).
-fn probe_signature(provider: &Provider, certified: &CertifiedKey) -> Result<(), String> {
+fn probe_signature(provider: &Provider, certified: &CertifiedKey) -> Result<(), Probe> {
     const PROBE: &[u8] = b"tls-proxy start-up probe: the key must sign for its certificate";
     const TLS13_SCHEMES: &[SignatureScheme] = &[
         SignatureScheme::ECDSA_NISTP256_SHA256,
@@ -178,14 +192,15 @@ fn probe_signature(provider: &Provider, certified: &CertifiedKey) -> Result<(), 
     let signer = certified
         .key
         .choose_scheme(TLS13_SCHEMES)
-        .ok_or("the key offers no TLS 1.3 signature scheme")?;
+        .ok_or_else(|| Probe::Verify("the key offers no TLS 1.3 signature scheme".to_owned()))?;
     let scheme = signer.scheme();
-    let signature = signer
-        .sign(PROBE)
-        .map_err(|e| format!("signing with the key failed: {e}"))?;
-    let end_entity =
-        webpki::EndEntityCert::try_from(certified.end_entity_cert().map_err(|e| e.to_string())?)
-            .map_err(|e| format!("the certificate cannot be parsed: {e}"))?;
+    let signature = signer.sign(PROBE).map_err(|e| Probe::Sign(e.to_string()))?;
+    let end_entity = webpki::EndEntityCert::try_from(
+        certified
+            .end_entity_cert()
+            .map_err(|e| Probe::Verify(e.to_string()))?,
+    )
+    .map_err(|e| Probe::Verify(format!("the certificate cannot be parsed: {e}")))?;
     let algorithms = provider
         .crypto()
         .signature_verification_algorithms
@@ -200,9 +215,9 @@ fn probe_signature(provider: &Provider, certified: &CertifiedKey) -> Result<(), 
             Err(e) => last_error = e.to_string(),
         }
     }
-    Err(format!(
+    Err(Probe::Verify(format!(
         "a {scheme:?} signature by the key does not verify with the certificate ({last_error})"
-    ))
+    )))
 }
 
 /// Reads a PEM file of certificates (at least one).

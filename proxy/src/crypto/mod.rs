@@ -93,6 +93,16 @@ pub enum CryptoError {
         /// How the mismatch was detected.
         reason: String,
     },
+    /// The provider could not sign with the key: the provider's failure, not the key's.
+    #[error("signing with private key {} through provider {provider} failed: {reason}", key.display())]
+    SigningFailed {
+        /// Key path.
+        key: PathBuf,
+        /// The provider.
+        provider: &'static str,
+        /// What the provider reported.
+        reason: String,
+    },
     /// Certificate generation failed.
     #[error("certificate generation failed: {0}")]
     Generate(String),

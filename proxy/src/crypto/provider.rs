@@ -196,8 +196,9 @@ impl Provider {
                     rustls_openssl::default_provider(),
                     rustls_openssl::kx_group::available_groups(),
                 ),
-                // The same rustls-openssl provider: what makes it QAT is OpenSSL's default
-                // library context, which `qat::activate` has pointed at the QAT provider.
+                // rustls-openssl for everything (record layer, key exchange, verification on
+                // OpenSSL's default provider) except the server's signature, which the QAT
+                // key provider sends to the QAT provider through the asynchronous signer.
                 ProviderName::OpensslQat => {
                     if super::qat::active().is_none() {
                         return Err(CryptoError::ProviderUnavailable {
@@ -205,10 +206,9 @@ impl Provider {
                             reason: "the QAT OpenSSL provider has not been activated".to_owned(),
                         });
                     }
-                    (
-                        rustls_openssl::default_provider(),
-                        rustls_openssl::kx_group::available_groups(),
-                    )
+                    let mut crypto = rustls_openssl::default_provider();
+                    crypto.key_provider = &super::qat::key::QAT_KEY_PROVIDER;
+                    (crypto, rustls_openssl::kx_group::available_groups())
                 }
             };
         if !kx_groups.is_empty() {

@@ -1,11 +1,11 @@
-//! QAT metrics: whether offload is on, our poll thread's work, requests in flight, and the
-//! device telemetry, read at scrape time.
+//! QAT metrics: whether offload is on, the asynchronous signer's work (signatures by
+//! outcome, in flight, provider retries), and the device telemetry, read at scrape time.
 
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
-use prometheus::{GaugeVec, IntCounter, IntGauge, Opts, Registry};
+use prometheus::{GaugeVec, IntCounter, IntCounterVec, IntGauge, Opts, Registry};
 
 use crate::crypto::qat::{telemetry, QatState};
 
@@ -14,8 +14,8 @@ pub struct QatMetrics {
     state: Option<Arc<QatState>>,
     telemetry_root: PathBuf,
     enable_telemetry: bool,
-    polls: IntCounter,
-    poll_failures: IntCounter,
+    signatures: IntCounterVec,
+    retries: IntCounter,
     in_flight: IntGauge,
     telemetry_available: IntGauge,
     device_utilization: GaugeVec,
@@ -49,19 +49,24 @@ impl QatMetrics {
         ))
         .expect("static metric definition");
         offload_active.set(i64::from(state.is_some()));
-        let polls = IntCounter::with_opts(Opts::new(
-            "proxy_qat_polls_total",
-            "Polls of the QAT provider made by the proxy's poll thread (external or heuristic polling).",
-        ))
+        let signatures = IntCounterVec::new(
+            Opts::new(
+                "proxy_qat_signatures_total",
+                "Handshake signatures sent to the QAT provider, by outcome: offloaded (the provider paused \
+                 the asynchronous job: batched or sent to the device), synchronous (signed inline: not \
+                 offloaded), failed.",
+            ),
+            &["outcome"],
+        )
         .expect("static metric definition");
-        let poll_failures = IntCounter::with_opts(Opts::new(
-            "proxy_qat_poll_failures_total",
-            "Polls the QAT provider did not report as serviced.",
+        let retries = IntCounter::with_opts(Opts::new(
+            "proxy_qat_signature_retries_total",
+            "Times a signature was resumed because the QAT provider had no free request slot.",
         ))
         .expect("static metric definition");
         let in_flight = IntGauge::with_opts(Opts::new(
-            "proxy_qat_requests_in_flight",
-            "Requests the QAT provider reports in flight (asymmetric, KDF, cipher, multi-buffer queued).",
+            "proxy_qat_signatures_in_flight",
+            "Signatures submitted to the asynchronous signer and not yet returned.",
         ))
         .expect("static metric definition");
         let telemetry_available = IntGauge::with_opts(Opts::new(
@@ -71,8 +76,8 @@ impl QatMetrics {
         .expect("static metric definition");
         for m in [
             Box::new(offload_active) as Box<dyn prometheus::core::Collector>,
-            Box::new(polls.clone()),
-            Box::new(poll_failures.clone()),
+            Box::new(signatures.clone()),
+            Box::new(retries.clone()),
             Box::new(in_flight.clone()),
             Box::new(telemetry_available.clone()),
         ] {
@@ -82,8 +87,8 @@ impl QatMetrics {
             state,
             telemetry_root,
             enable_telemetry,
-            polls,
-            poll_failures,
+            signatures,
+            retries,
             in_flight,
             telemetry_available,
             device_utilization: gauge_vec(
@@ -130,12 +135,19 @@ impl QatMetrics {
                     c.inc_by(now - before);
                 }
             };
-            advance(&self.polls, state.polls.load(Ordering::Relaxed));
-            advance(
-                &self.poll_failures,
-                state.poll_failures.load(Ordering::Relaxed),
-            );
-            self.in_flight.set(state.requests_in_flight());
+            let stats = state.signer().stats();
+            for (outcome, counter) in [
+                ("offloaded", &stats.offloaded),
+                ("synchronous", &stats.synchronous),
+                ("failed", &stats.failed),
+            ] {
+                advance(
+                    &self.signatures.with_label_values(&[outcome]),
+                    counter.load(Ordering::Relaxed),
+                );
+            }
+            advance(&self.retries, stats.retries.load(Ordering::Relaxed));
+            self.in_flight.set(stats.in_flight.load(Ordering::Relaxed));
         }
         match telemetry::read_all(&self.telemetry_root, self.enable_telemetry) {
             Ok(devices) => {

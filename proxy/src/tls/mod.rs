@@ -1,5 +1,6 @@
 //! TLS: building each listener's `ServerConfig` from its policy and provider, and driving
-//! handshakes, either inline on the reactor or with the signing step on a dedicated pool.
+//! handshakes, either inline on the reactor, with the signing step on a dedicated pool, or
+//! (openssl-qat) waiting for the asynchronous QAT signer on a blocking thread.
 
 pub mod measure;
 
@@ -80,11 +81,13 @@ pub fn resolve_listener_tls(
             )),
         };
     };
-    let resolved = build(requested, None)?;
+    // The proof first: a provider that fails or does not offload is named as such, before
+    // loading the certificate signs through it (where a provider error would read as a key
+    // problem).
     match state.prove_signing(key) {
         Ok(proof) => Ok(ResolvedTls {
             qat_proof: Some(proof.to_string()),
-            ..resolved
+            ..build(requested, None)?
         }),
         Err(e) if fallback == Fallback::Software => {
             build(ProviderName::Openssl, Some(e.to_string()))
@@ -275,15 +278,29 @@ pub struct HandshakeError {
 }
 
 /// Reads the ClientHello, builds the connection (where the server signs) according to
-/// `offload`, and completes the handshake.
+/// `offload`, and completes the handshake. `waits_for_signer` (openssl-qat) overrides
+/// `offload`: the signature is then computed in a batch on the QAT signer thread and the
+/// signing step only waits for it, so it runs on tokio's blocking threads, as many at once
+/// as there are handshakes, which is what lets the provider fill its batches (a pool of a
+/// few workers would cap the batch at the pool's size).
 pub async fn accept<IO>(
     io: IO,
     config: Arc<ServerConfig>,
     offload: &Offload,
+    waits_for_signer: bool,
 ) -> Result<TlsStream<IO>, HandshakeError>
 where
     IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
+    // Counted from the first byte to the last flight, so that the QAT signer knows how many
+    // signatures are coming: a partial batch waits only while enough handshakes are under
+    // way to fill it.
+    let _counted = if waits_for_signer {
+        crate::crypto::qat::active()
+            .map(|state| crate::crypto::qat::signer::HandshakeInFlight::new(state.signer()))
+    } else {
+        None
+    };
     let start = LazyConfigAcceptor::new(rustls::server::Acceptor::default(), io)
         .await
         .map_err(|source| HandshakeError {
@@ -294,6 +311,12 @@ where
     // includes the signature (TLS 1.3 CertificateVerify, TLS 1.2 ServerKeyExchange): that
     // call is what the pool takes off the reactor.
     let accept = match offload {
+        _ if waits_for_signer => tokio::task::spawn_blocking(move || start.into_stream(config))
+            .await
+            .map_err(|e| HandshakeError {
+                kind: "offload",
+                source: io::Error::other(e),
+            })?,
         Offload::Inline => start.into_stream(config),
         // The pool returns the not-yet-finished handshake future on purpose: only building it
         // signs; the remaining flights are I/O and go back to this connection's reactor.

@@ -1,49 +1,70 @@
-//! OpenSSL + Intel QuickAssist: loading an OpenSSL 3 provider module that performs the
-//! asymmetric operations, steering OpenSSL's fetches to it, polling it, and proving at
-//! start-up that signatures really are fetched from it.
+//! OpenSSL + Intel QuickAssist: loading QAT_Engine's OpenSSL 3 provider with the settings
+//! it really reads, signing through it asynchronously and batched, and proving at start-up
+//! that it offloads.
 //!
-//! Everything here acts on OpenSSL's default library context, which is what rustls-openssl
-//! uses; so once [`activate`] has run, the `openssl` provider's signatures go to the loaded
-//! provider. The sequence follows the QAT provider's application-integration guide: load the
-//! default provider alongside it, instantiate the DRBG *before* biasing the property query
-//! (the QAT provider has no DRBG), set `?provider=<name>`, push polling settings together
-//! with `qat_init_provider`, then poll if polling is external.
+//! QAT_Engine's provider (v1.8 and later) takes its settings from its section of an OpenSSL
+//! configuration file (`enable_external_polling`, `qat_poll_interval`, ...), read once when
+//! the provider is activated; it answers no settings through `OSSL_PROVIDER_get_params`.
+//! So the proxy writes that section from `[qat]` and loads it with
+//! `OSSL_LIB_CTX_load_config`, unless `OPENSSL_CONF` already activated the provider, in
+//! which case that file's settings are the ones in force and the log says so.
 //!
-//! Machines without QAT test this same path with OpenSSL's own `default` provider standing
-//! in, and the `legacy` module (a real, loadable, non-default provider that cannot sign)
-//! proves the start-up check catches a provider that does not do the work.
+//! Nothing else of OpenSSL is pointed at the provider: no default property query is set, so
+//! the record layer (AES-GCM), hashes and key exchange stay on OpenSSL's default provider,
+//! and only signatures are fetched from QAT, with an explicit property query, inside the
+//! ASYNC jobs of [`signer::AsyncSigner`]. A provider that signs without pausing its job is
+//! loaded but not offloading, and the start-up proof says so.
 
 mod ffi;
+pub mod key;
+pub mod signer;
 pub mod telemetry;
 
 use std::ffi::{CStr, CString};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use signer::{AsyncSigner, Padding};
+
+/// The default property query while QAT is active: OpenSSL's default provider for
+/// everything a signature query does not override.
+pub const ROUTE_EVERYTHING_ELSE: &str = "?provider=default";
 /// The QAT provider's name as QAT_Engine builds it.
 pub const DEFAULT_PROVIDER_NAME: &str = "qatprovider";
-/// External polling interval. QAT's own internal poller defaults to 10 µs; 100 µs keeps a
-/// dedicated poll thread well under a few percent of a core while adding at most 0.1 ms
-/// to a handshake that takes milliseconds.
-pub const DEFAULT_POLL_INTERVAL: Duration = Duration::from_micros(100);
-/// Backstop for heuristic polling: poll at least this often even with nothing counted in
-/// flight, so a completion never waits for an unrelated event.
-const HEURISTIC_BACKSTOP: Duration = Duration::from_millis(5);
+/// QAT_Engine's own default for `qat_poll_interval` (its internal poll thread, QAT
+/// hardware): 10 µs.
+pub const DEFAULT_POLL_INTERVAL: Duration = Duration::from_micros(10);
+/// QAT_Engine's default `qat_max_retry_count`.
+const DEFAULT_MAX_RETRY_COUNT: u32 = 5;
+/// QAT_Engine's default `qat_epoll_timeout` (ms); only event-driven polling uses it, which
+/// the provider cannot use without external polling, so it is written as the default.
+const EPOLL_TIMEOUT_MS: u32 = 1000;
+/// Signatures in flight on the signer: enough for 8 full qat_sw batches of 8, well under
+/// qat_sw's 128 request slots per queue.
+pub const DEFAULT_MAX_SIGNATURES_IN_FLIGHT: usize = 64;
+/// qat_sw's multi-buffer width: it computes eight RSA or ECDSA operations per pass, and a
+/// queue of eight at once.
+pub const DEFAULT_BATCH: usize = 8;
 
-/// Who collects QAT completions.
+/// Who collects QAT completions. QAT_Engine's provider has no entry point an application
+/// can poll through, so only the provider's own modes are usable.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
 pub enum Polling {
-    /// The provider's own polling thread.
+    /// The provider's own polling thread (qat_sw: per signing thread, flushing partial
+    /// batches after a short adaptive timeout; QAT hardware: every `poll_interval`).
     #[default]
     Internal,
-    /// Our poll thread, at a fixed interval.
+    /// QAT hardware only: the requesting thread busy-polls for its own response
+    /// (`enable_inline_polling`); no effect on qat_sw.
+    Inline,
+    /// Refused: `enable_external_polling` needs an application poll call that the provider
+    /// does not expose (engine builds only), so nothing would collect completions.
     External,
-    /// Our poll thread, polling when requests are in flight (plus a backstop timer).
+    /// Refused, as external (heuristic polling is a flavour of external polling).
     Heuristic,
 }
 
@@ -69,13 +90,28 @@ pub struct QatConfig {
     /// itself, whose stem must then be `provider_name`. Unset: OpenSSL's own search path,
     /// `OPENSSL_MODULES`, or what `OPENSSL_CONF` configures.
     pub module_path: Option<PathBuf>,
-    /// The default property query; unset means `?provider=<provider_name>`.
+    /// The property query signatures are fetched with; unset means
+    /// `?provider=<provider_name>`. It applies to signatures only.
     pub property_query: Option<String>,
-    /// Who polls for completions.
+    /// Who polls for completions (`enable_inline_polling`; see [`Polling`]).
     pub polling: Polling,
-    /// Interval of our poll thread (external and heuristic polling).
+    /// `qat_poll_interval`: the provider's internal poll period (QAT hardware).
     #[serde(with = "humantime_serde")]
     pub poll_interval: Duration,
+    /// `enable_sw_fallback`: QAT hardware only, the provider signs in software while a
+    /// device is down (the start-up proof still requires offload at start).
+    pub sw_fallback: bool,
+    /// `qat_max_retry_count`: QAT hardware only, resubmissions of a request the device
+    /// refused because its ring was full.
+    pub max_retry_count: u32,
+    /// `enable_instance_for_thread`: QAT hardware only, one device instance per thread.
+    pub instance_for_thread: bool,
+    /// Signatures the proxy keeps in flight in the provider at once; more wait in order.
+    pub max_signatures_in_flight: usize,
+    /// The provider's batch width: 8 for qat_sw (a signature goes to the provider only
+    /// when a batch of 8 can fill soon, else it is signed synchronously), 1 for QAT
+    /// hardware (every signature goes to the provider at once).
+    pub batch: usize,
     /// Behaviour when the provider cannot be used.
     pub fallback: Fallback,
     /// Root of the sysfs tree where QAT telemetry is looked for (tests point it at a
@@ -94,6 +130,11 @@ impl Default for QatConfig {
             property_query: None,
             polling: Polling::Internal,
             poll_interval: DEFAULT_POLL_INTERVAL,
+            sw_fallback: false,
+            max_retry_count: DEFAULT_MAX_RETRY_COUNT,
+            instance_for_thread: false,
+            max_signatures_in_flight: DEFAULT_MAX_SIGNATURES_IN_FLIGHT,
+            batch: DEFAULT_BATCH,
             fallback: Fallback::None,
             telemetry_root: PathBuf::from("/sys"),
             enable_telemetry: false,
@@ -102,11 +143,95 @@ impl Default for QatConfig {
 }
 
 impl QatConfig {
-    /// The property query that will be set.
+    /// The property query signatures are fetched with.
     pub fn effective_property_query(&self) -> String {
         self.property_query
             .clone()
             .unwrap_or_else(|| format!("?provider={}", self.provider_name))
+    }
+
+    /// What is wrong with these settings, for `Config::validate`.
+    pub fn problems(&self) -> Vec<String> {
+        let mut problems = Vec::new();
+        if matches!(self.polling, Polling::External | Polling::Heuristic) {
+            problems.push(format!(
+                "qat.polling = {:?}: QAT_Engine's provider has no call through which an application polls \
+                 (ENGINE_ctrl \"POLL\" exists only for engine builds), so with enable_external_polling \
+                 nothing would collect completions; use \"internal\" (qat_sw and QAT hardware) or \
+                 \"inline\" (QAT hardware)",
+                format!("{:?}", self.polling).to_lowercase()
+            ));
+        }
+        if self.batch == 0 || self.batch > 64 {
+            problems.push("qat.batch must be between 1 and 64".to_owned());
+        }
+        if self.max_signatures_in_flight < self.batch {
+            problems.push(format!(
+                "qat.max_signatures_in_flight ({}) must be at least qat.batch ({})",
+                self.max_signatures_in_flight, self.batch
+            ));
+        }
+
+        if self.poll_interval.as_nanos() == 0 || self.poll_interval.as_nanos() > i32::MAX as u128 {
+            problems.push("qat.poll_interval must be between 1 ns and 2 s".to_owned());
+        }
+        if self.provider_name.is_empty()
+            || !self
+                .provider_name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+        {
+            problems.push(format!(
+                "qat.provider_name {:?}: a provider name is letters, digits, '_' and '-'",
+                self.provider_name
+            ));
+        }
+        problems
+    }
+
+    /// The settings QAT_Engine's provider reads from its configuration section, as
+    /// `key = value` pairs. All of them are always written: the provider reads the others
+    /// only when `enable_external_polling` is present, and then without a check.
+    pub fn provider_settings(&self) -> Vec<(&'static str, String)> {
+        let flag = |b: bool| u8::from(b).to_string();
+        vec![
+            ("enable_external_polling", "0".to_owned()),
+            ("enable_heuristic_polling", "0".to_owned()),
+            ("enable_sw_fallback", flag(self.sw_fallback)),
+            (
+                "enable_inline_polling",
+                flag(self.polling == Polling::Inline),
+            ),
+            (
+                "qat_poll_interval",
+                self.poll_interval.as_nanos().to_string(),
+            ),
+            ("qat_epoll_timeout", EPOLL_TIMEOUT_MS.to_string()),
+            ("enable_event_driven_polling", "0".to_owned()),
+            ("enable_instance_for_thread", flag(self.instance_for_thread)),
+            ("qat_max_retry_count", self.max_retry_count.to_string()),
+        ]
+    }
+
+    /// The OpenSSL configuration the proxy loads to activate the provider with
+    /// [`provider_settings`](Self::provider_settings): the default provider stays active
+    /// beside it (for everything QAT does not implement, and the DRBG).
+    pub fn openssl_config(&self, module_file: Option<&Path>) -> String {
+        let mut text = format!(
+            "# Written by the proxy from [qat]; loaded with OSSL_LIB_CTX_load_config.\n\
+             openssl_conf = openssl_init\n\n[openssl_init]\nproviders = provider_sect\n\n\
+             [provider_sect]\ndefault = default_sect\n{name} = qat_sect\n\n\
+             [default_sect]\nactivate = 1\n\n[qat_sect]\n",
+            name = self.provider_name
+        );
+        if let Some(module) = module_file {
+            text.push_str(&format!("module = {}\n", module.display()));
+        }
+        text.push_str("activate = 1\n");
+        for (key, value) in self.provider_settings() {
+            text.push_str(&format!("{key} = {value}\n"));
+        }
+        text
     }
 }
 
@@ -116,22 +241,39 @@ impl QatConfig {
 #[error("{0}")]
 pub struct QatError(pub String);
 
-/// The loaded provider, process-wide.
+/// Where the provider's settings came from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SettingsSource {
+    /// The proxy wrote them from `[qat]`.
+    Proxy(Vec<(&'static str, String)>),
+    /// `OPENSSL_CONF` had already activated the provider; that file's section is in force.
+    OpensslConf(String),
+}
+
+impl std::fmt::Display for SettingsSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Proxy(settings) => {
+                let pairs: Vec<String> = settings.iter().map(|(k, v)| format!("{k}={v}")).collect();
+                write!(f, "from [qat]: {}", pairs.join(" "))
+            }
+            Self::OpensslConf(path) => {
+                write!(f, "from OPENSSL_CONF={path} ([qat] settings not applied)")
+            }
+        }
+    }
+}
+
+/// The loaded provider and its signer, process-wide.
 #[derive(Debug)]
 pub struct QatState {
     /// The provider's name.
     pub name: String,
-    /// The property query in force.
+    /// The property query signatures are fetched with.
     pub property_query: String,
-    /// The polling mode the provider reports as effective (`None`: the provider does not
-    /// know QAT's polling parameters, e.g. a stand-in).
-    pub effective_polling: Option<Polling>,
-    provider: ffi::ProviderHandle,
-    /// Poll calls made by our poll thread, and how many failed.
-    pub polls: Arc<AtomicU64>,
-    /// Failed poll calls.
-    pub poll_failures: Arc<AtomicU64>,
-    stop_polling: Arc<AtomicBool>,
+    /// Where the provider's settings came from.
+    pub settings: SettingsSource,
+    signer: AsyncSigner,
 }
 
 static STATE: OnceLock<Result<Arc<QatState>, String>> = OnceLock::new();
@@ -151,11 +293,14 @@ pub fn activate(cfg: &QatConfig) -> Result<Arc<QatState>, QatError> {
 }
 
 fn activate_once(cfg: &QatConfig) -> Result<QatState, QatError> {
+    if let Some(problem) = cfg.problems().into_iter().next() {
+        return Err(QatError(problem));
+    }
     openssl::init();
     let name = cfg.provider_name.as_str();
-    let search_path = match &cfg.module_path {
-        None => None,
-        Some(p) if p.is_dir() => Some(p.clone()),
+    let (search_path, module_file) = match &cfg.module_path {
+        None => (None, None),
+        Some(p) if p.is_dir() => (Some(p.clone()), None),
         Some(p) if p.is_file() => {
             let stem = p.file_stem().and_then(|s| s.to_str()).unwrap_or_default();
             if stem != name {
@@ -165,7 +310,7 @@ fn activate_once(cfg: &QatConfig) -> Result<QatState, QatError> {
                     p.display()
                 )));
             }
-            p.parent().map(Path::to_path_buf)
+            (p.parent().map(Path::to_path_buf), Some(p.clone()))
         }
         Some(p) => {
             return Err(QatError(format!(
@@ -183,82 +328,70 @@ fn activate_once(cfg: &QatConfig) -> Result<QatState, QatError> {
             ))
         })?;
     }
-    // The default provider stays available for everything the QAT provider does not
-    // implement (and for the DRBG). Loading any provider explicitly turns off OpenSSL's
-    // automatic loading of "default", so it is loaded explicitly too.
-    ffi::load_provider("default")
-        .map_err(|e| QatError(format!("cannot load OpenSSL's default provider: {e}")))?;
-    let provider = ffi::load_provider(name).map_err(|e| {
+    let settings = if ffi::provider_available(name) {
+        SettingsSource::OpensslConf(
+            std::env::var("OPENSSL_CONF")
+                .unwrap_or_else(|_| "(OpenSSL's default configuration file)".to_owned()),
+        )
+    } else {
+        load_with_settings(cfg, module_file.as_deref()).map_err(|e| {
+            QatError(format!(
+                "cannot load OpenSSL provider {name:?} ({where_}): {e}. Is QAT_Engine built with \
+                 --enable-qat_provider and installed there? See deploy/QAT.md"
+            ))
+        })?;
+        SettingsSource::Proxy(cfg.provider_settings())
+    };
+    // A second reference to the already-active provider keeps it loaded for the process.
+    ffi::load_provider(name).map_err(|e| {
         QatError(format!(
-            "cannot load OpenSSL provider {name:?} ({where_}): {e}. Is QAT_Engine built with \
-             --enable-qat_provider and installed there? See deploy/QAT.md"
+            "cannot load OpenSSL provider {name:?} ({where_}): {e}"
         ))
     })?;
-    // The DRBG must exist before fetches are biased towards a provider that has none.
-    let mut seed = [0u8; 1];
-    openssl::rand::rand_bytes(&mut seed)
-        .map_err(|e| QatError(format!("OpenSSL's random generator failed: {e}")))?;
+    // Everything else prefers OpenSSL's default provider. Without a preference OpenSSL may
+    // fetch any implementation of a name, and QAT_Engine registers AES-GCM, X25519, ECDH
+    // and SHA-2 too: the record layer and key schedule would land in the QAT provider,
+    // outside any asynchronous job, in its slower synchronous path (and AES-GCM decryption
+    // there crashes in QAT_Engine v1.8.1). The signer's explicit query overrides this
+    // preference for signatures only.
+    ffi::set_default_properties(ROUTE_EVERYTHING_ELSE).map_err(|e| {
+        QatError(format!(
+            "cannot set OpenSSL's default property query {ROUTE_EVERYTHING_ELSE:?}: {e}"
+        ))
+    })?;
     let query = cfg.effective_property_query();
-    ffi::set_default_properties(&query).map_err(|e| {
-        QatError(format!(
-            "cannot set OpenSSL's default property query {query:?}: {e}"
-        ))
-    })?;
-
-    // Polling settings go in one call together with init, which the provider processes
-    // last. Unknown parameters are left untouched, which tells a QAT provider from others.
-    let (ext, heur) = match cfg.polling {
-        Polling::Internal => (0, 0),
-        Polling::External => (1, 0),
-        Polling::Heuristic => (1, 1),
-    };
-    let params = provider.get_int_params(&[
-        ("qat_enable_external_polling", ext),
-        ("qat_enable_heuristic_polling", heur),
-        ("qat_init_provider", 1),
-    ]);
-    let effective_polling = match params.as_deref() {
-        Ok([Some(ext), Some(heur), Some(init)]) => {
-            if *init != 1 {
-                return Err(QatError(format!(
-                    "OpenSSL provider {name:?} ({where_}) loaded, but qat_init_provider reported {init} \
-                     (QAT device not initialised: check the driver, qatlib and the device's services)"
-                )));
-            }
-            Some(match (ext, heur) {
-                (0, _) => Polling::Internal,
-                (_, 0) => Polling::External,
-                _ => Polling::Heuristic,
-            })
-        }
-        Ok(_) => None,
-        Err(e) => {
-            return Err(QatError(format!(
-                "OpenSSL provider {name:?} ({where_}) rejected its parameters: {e}"
-            )))
-        }
-    };
-    if cfg.polling != Polling::Internal && effective_polling != Some(cfg.polling) {
-        return Err(QatError(format!(
-            "qat.polling = {:?} was asked for, but provider {name:?} reports {}",
-            cfg.polling,
-            effective_polling.map_or("no QAT polling parameters".to_owned(), |p| format!("{p:?}"))
-        )));
-    }
-
-    let state = QatState {
+    let signer =
+        AsyncSigner::start(&query, cfg.max_signatures_in_flight, cfg.batch).map_err(QatError)?;
+    Ok(QatState {
         name: name.to_owned(),
         property_query: query,
-        effective_polling,
-        provider,
-        polls: Arc::default(),
-        poll_failures: Arc::default(),
-        stop_polling: Arc::default(),
-    };
-    if matches!(cfg.polling, Polling::External | Polling::Heuristic) {
-        state.start_poller(cfg.polling, cfg.poll_interval)?;
+        settings,
+        signer,
+    })
+}
+
+/// Writes the provider's configuration to a private temporary file and loads it into the
+/// default library context (OpenSSL 3.0 has no call taking the text itself).
+fn load_with_settings(cfg: &QatConfig, module_file: Option<&Path>) -> Result<(), String> {
+    let dir = std::env::temp_dir();
+    let path = dir.join(format!("proxy-qat-{}.cnf", std::process::id()));
+    let text = cfg.openssl_config(module_file);
+    {
+        use std::io::Write;
+        use std::os::unix::fs::OpenOptionsExt;
+        let mut file = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&path)
+            .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+        file.write_all(text.as_bytes())
+            .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
     }
-    Ok(state)
+    let loaded = ffi::load_config(&path);
+    let _ = std::fs::remove_file(&path);
+    loaded
 }
 
 fn describe_search(dir: Option<&Path>) -> String {
@@ -277,47 +410,15 @@ fn describe_search(dir: Option<&Path>) -> String {
 }
 
 impl QatState {
-    fn start_poller(&self, mode: Polling, interval: Duration) -> Result<(), QatError> {
-        let provider = self.provider.clone();
-        let (polls, failures, stop) = (
-            self.polls.clone(),
-            self.poll_failures.clone(),
-            self.stop_polling.clone(),
-        );
-        std::thread::Builder::new()
-            .name("qat-poll".to_owned())
-            .spawn(move || {
-                let mut since_poll = Duration::ZERO;
-                while !stop.load(Ordering::Relaxed) {
-                    let due = match mode {
-                        Polling::Heuristic => {
-                            since_poll >= HEURISTIC_BACKSTOP || provider.requests_in_flight() > 0
-                        }
-                        _ => true,
-                    };
-                    if due {
-                        polls.fetch_add(1, Ordering::Relaxed);
-                        if !provider.poll() {
-                            failures.fetch_add(1, Ordering::Relaxed);
-                        }
-                        since_poll = Duration::ZERO;
-                    }
-                    std::thread::sleep(interval);
-                    since_poll += interval;
-                }
-            })
-            .map(|_| ())
-            .map_err(|e| QatError(format!("cannot start the QAT poll thread: {e}")))
+    /// The signer handshakes sign through.
+    pub fn signer(&self) -> &AsyncSigner {
+        &self.signer
     }
 
-    /// Asynchronous requests in flight, as the provider counts them (0 when it does not).
-    pub fn requests_in_flight(&self) -> i64 {
-        self.provider.requests_in_flight()
-    }
-
-    /// Signs a probe with the private key in `key_pem` exactly as rustls-openssl does
-    /// (default library context, default properties) and reports which provider the
-    /// signature operation was fetched from. Errors unless it is this provider.
+    /// Signs a probe with the private key in `key_path` through the signer, exactly as a
+    /// handshake does, and checks that the provider did the work asynchronously: the
+    /// signature was fetched from this provider, the provider paused the job (a provider
+    /// that is loaded but not offloading signs inline), and the signature verifies.
     pub fn prove_signing(&self, key_path: &Path) -> Result<SigningProof, QatError> {
         let pem = std::fs::read(key_path).map_err(|e| {
             QatError(format!(
@@ -325,52 +426,163 @@ impl QatState {
                 key_path.display()
             ))
         })?;
-        let proof = ffi::probe_sign(&pem).map_err(|e| {
+        let key = openssl::pkey::PKey::private_key_from_pem(&pem).map_err(|e| {
             QatError(format!(
-                "signing with {} through OpenSSL failed: {e}",
+                "private key {} cannot be read by OpenSSL: {e}",
                 key_path.display()
             ))
         })?;
-        if proof.signature_provider != self.name {
+        let bits = key.bits();
+        // RSA: PKCS#1 v1.5 (what TLS 1.2 clients may ask for) and PSS (TLS 1.3), each a
+        // batch; ECDSA: its curve's hash.
+        let probes: Vec<(&'static CStr, Padding, String)> = match key.id() {
+            openssl::pkey::Id::RSA => vec![
+                (
+                    c"SHA256",
+                    Padding::Pkcs1,
+                    format!("RSA-{bits} PKCS#1 SHA-256"),
+                ),
+                (c"SHA256", Padding::Pss, format!("RSA-{bits} PSS SHA-256")),
+            ],
+            openssl::pkey::Id::EC if bits <= 256 => {
+                vec![(c"SHA256", Padding::None, "ECDSA P-256 SHA-256".to_owned())]
+            }
+            openssl::pkey::Id::EC if bits <= 384 => {
+                vec![(c"SHA384", Padding::None, "ECDSA P-384 SHA-384".to_owned())]
+            }
+            openssl::pkey::Id::EC => {
+                vec![(c"SHA512", Padding::None, "ECDSA P-521 SHA-512".to_owned())]
+            }
+            other => {
+                return Err(QatError(format!(
+                    "private key {} is {other:?}: QAT offloads RSA and ECDSA signatures only",
+                    key_path.display()
+                )))
+            }
+        };
+        let key = Arc::new(key);
+        let mut proof = None;
+        for (digest, padding, operation) in probes {
+            proof = Some(self.prove_one(&key, key_path, digest, padding, operation)?);
+        }
+        proof.ok_or_else(|| QatError("start-up proof: no probe to sign".to_owned()))
+    }
+
+    /// One probe batch of the proof (see [`prove_signing`](Self::prove_signing)).
+    fn prove_one(
+        &self,
+        key: &Arc<openssl::pkey::PKey<openssl::pkey::Private>>,
+        key_path: &Path,
+        digest: &'static CStr,
+        padding: Padding,
+        operation: String,
+    ) -> Result<SigningProof, QatError> {
+        const PROBE: &[u8] = b"tls-proxy QAT start-up proof";
+        // A full batch, as handshakes submit them: every one must be taken asynchronously.
+        let mut signed = None;
+        let mut all_paused = true;
+        for result in self.signer.sign_batch(key, digest, padding, PROBE) {
+            let one = result.map_err(|e| {
+                QatError(format!(
+                    "start-up proof failed: a {operation} signature with {} failed inside the provider, \
+                     not because of the key or certificate: {e}",
+                    key_path.display()
+                ))
+            })?;
+            all_paused &= one.paused;
+            signed = Some(one);
+        }
+        let Some(signed) = signed else {
+            return Err(QatError(
+                "start-up proof: the signer returned no signature".to_owned(),
+            ));
+        };
+        if signed.provider != self.name {
             return Err(QatError(format!(
-                "start-up proof failed: a {} signature with {} was fetched from OpenSSL provider {:?}, \
+                "start-up proof failed: a {operation} signature with {} was fetched from OpenSSL provider {:?}, \
                  not {:?} (property query {:?}); the provider does not implement it, so nothing would be offloaded",
-                proof.operation,
                 key_path.display(),
-                proof.signature_provider,
+                signed.provider,
                 self.name,
                 self.property_query
             )));
         }
-        Ok(proof)
+        if !all_paused {
+            return Err(QatError(format!(
+                "start-up proof failed: provider {:?} produced the {operation} signature with {} without pausing \
+                 its asynchronous job, so it is loaded but not offloading (qat_sw switched off for this CPU, \
+                 or no QAT device or instance available); every signature would run in software",
+                self.name,
+                key_path.display()
+            )));
+        }
+        let verifies = verify(key, digest, padding, PROBE, &signed.signature).map_err(|e| {
+            QatError(format!(
+                "start-up proof: cannot verify the probe signature: {e}"
+            ))
+        })?;
+        if !verifies {
+            return Err(QatError(format!(
+                "start-up proof failed: provider {:?} returned a {operation} signature with {} that does not verify",
+                self.name,
+                key_path.display()
+            )));
+        }
+        Ok(SigningProof {
+            operation,
+            signature_provider: signed.provider,
+            signature_len: signed.signature.len(),
+            batch: self.signer.batch(),
+        })
     }
 }
 
-impl Drop for QatState {
-    fn drop(&mut self) {
-        self.stop_polling.store(true, Ordering::Relaxed);
+/// Verifies with OpenSSL's default provider (the library context's defaults).
+fn verify(
+    key: &openssl::pkey::PKey<openssl::pkey::Private>,
+    digest: &CStr,
+    padding: Padding,
+    message: &[u8],
+    signature: &[u8],
+) -> Result<bool, openssl::error::ErrorStack> {
+    use openssl::hash::MessageDigest;
+    let md = match digest.to_bytes() {
+        b"SHA384" => MessageDigest::sha384(),
+        b"SHA512" => MessageDigest::sha512(),
+        _ => MessageDigest::sha256(),
+    };
+    let mut verifier = openssl::sign::Verifier::new(md, key)?;
+    match padding {
+        Padding::Pss => {
+            verifier.set_rsa_padding(openssl::rsa::Padding::PKCS1_PSS)?;
+            verifier.set_rsa_pss_saltlen(openssl::sign::RsaPssSaltlen::DIGEST_LENGTH)?;
+        }
+        Padding::Pkcs1 => verifier.set_rsa_padding(openssl::rsa::Padding::PKCS1)?,
+        Padding::None => {}
     }
+    verifier.verify_oneshot(signature, message)
 }
 
 /// What the start-up proof saw.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SigningProof {
-    /// e.g. "RSA-PSS SHA-256".
+    /// e.g. "RSA-2048 PSS SHA-256".
     pub operation: String,
     /// The provider the signature operation was fetched from.
     pub signature_provider: String,
-    /// The provider managing the key.
-    pub key_provider: String,
-    /// Signature length in bytes (the signature was really produced).
+    /// Signature length in bytes (the signature was really produced, and verified).
     pub signature_len: usize,
+    /// Signatures submitted together in the proof, all taken asynchronously.
+    pub batch: usize,
 }
 
 impl std::fmt::Display for SigningProof {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "{} signature fetched from provider {:?} (key managed by {:?}, {} bytes)",
-            self.operation, self.signature_provider, self.key_provider, self.signature_len
+            "{} signature fetched from provider {:?}, offloaded (a batch of {}: the provider paused every \
+             asynchronous job), {} bytes, verified",
+            self.operation, self.signature_provider, self.batch, self.signature_len
         )
     }
 }
@@ -379,12 +591,67 @@ fn cstring(s: &str) -> Result<CString, String> {
     CString::new(s).map_err(|_| format!("{s:?} contains a NUL byte"))
 }
 
-fn cstr_to_string(p: *const std::os::raw::c_char) -> String {
-    if p.is_null() {
-        return "(none)".to_owned();
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every key QAT_Engine's provider reads is written, with [qat]'s values, in the
+    /// section OpenSSL's provider configuration module hands to the provider.
+    #[test]
+    fn the_openssl_section_carries_every_provider_setting() {
+        let cfg = QatConfig {
+            polling: Polling::Inline,
+            poll_interval: Duration::from_micros(25),
+            sw_fallback: true,
+            max_retry_count: 9,
+            ..QatConfig::default()
+        };
+        let text = cfg.openssl_config(Some(Path::new("/opt/qat/qatprovider.so")));
+        for line in [
+            "qatprovider = qat_sect",
+            "module = /opt/qat/qatprovider.so",
+            "activate = 1",
+            "enable_external_polling = 0",
+            "enable_heuristic_polling = 0",
+            "enable_sw_fallback = 1",
+            "enable_inline_polling = 1",
+            "qat_poll_interval = 25000",
+            "qat_epoll_timeout = 1000",
+            "enable_event_driven_polling = 0",
+            "enable_instance_for_thread = 0",
+            "qat_max_retry_count = 9",
+        ] {
+            assert!(
+                text.lines().any(|l| l == line),
+                "{line:?} missing from:\n{text}"
+            );
+        }
+        assert_eq!(cfg.provider_settings().len(), 9);
+        assert!(cfg.problems().is_empty(), "{:?}", cfg.problems());
     }
-    // SAFETY: callers pass pointers OpenSSL documents as NUL-terminated strings owned by
-    // OpenSSL for the lifetime of the provider.
-    #[allow(unsafe_code)]
-    unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
+
+    #[test]
+    fn settings_the_provider_cannot_honour_are_refused() {
+        for polling in [Polling::External, Polling::Heuristic] {
+            let cfg = QatConfig {
+                polling,
+                ..QatConfig::default()
+            };
+            let problems = cfg.problems();
+            assert_eq!(problems.len(), 1, "{problems:?}");
+            assert!(problems[0].contains("no call"), "{problems:?}");
+        }
+        let cfg = QatConfig {
+            batch: 16,
+            max_signatures_in_flight: 8,
+            provider_name: "qat provider".to_owned(),
+            ..QatConfig::default()
+        };
+        let problems = cfg.problems().join("\n");
+        assert!(
+            problems.contains("must be at least qat.batch"),
+            "{problems}"
+        );
+        assert!(problems.contains("provider name"), "{problems}");
+    }
 }

@@ -1,0 +1,143 @@
+//! The rustls side of openssl-qat signing: a `KeyProvider` whose keys sign through the
+//! process's [`AsyncSigner`](super::signer::AsyncSigner), so that a handshake's signature
+//! (and nothing else) goes to the QAT provider, asynchronously and batched.
+
+use std::ffi::CStr;
+use std::sync::Arc;
+
+use openssl::nid::Nid;
+use openssl::pkey::{Id, PKey, Private};
+use rustls::crypto::KeyProvider;
+use rustls::pki_types::{PrivateKeyDer, SubjectPublicKeyInfoDer};
+use rustls::sign::{Signer, SigningKey};
+use rustls::{Error, SignatureAlgorithm, SignatureScheme};
+
+use super::signer::{AsyncSigner, Padding};
+
+/// Loads private keys whose signatures run on the QAT signer. Used as the `key_provider`
+/// of openssl-qat's `CryptoProvider`; everything else in that provider is rustls-openssl's.
+#[derive(Debug)]
+pub struct QatKeyProvider;
+
+/// The one instance (`CryptoProvider::key_provider` takes a `&'static`).
+pub static QAT_KEY_PROVIDER: QatKeyProvider = QatKeyProvider;
+
+impl KeyProvider for QatKeyProvider {
+    fn load_private_key(
+        &self,
+        key_der: PrivateKeyDer<'static>,
+    ) -> Result<Arc<dyn SigningKey>, Error> {
+        let signer = super::active()
+            .map(|state| state.signer().clone())
+            .ok_or_else(|| Error::General("the QAT provider has not been activated".into()))?;
+        let key = PKey::private_key_from_der(key_der.secret_der())
+            .map_err(|e| Error::General(format!("OpenSSL cannot read the private key: {e}")))?;
+        let schemes: &'static [(SignatureScheme, &'static CStr, Padding)] = match key.id() {
+            Id::RSA => RSA_SCHEMES,
+            Id::EC => {
+                let curve = key
+                    .ec_key()
+                    .ok()
+                    .and_then(|ec| ec.group().curve_name());
+                match curve {
+                    Some(Nid::X9_62_PRIME256V1) => {
+                        &[(SignatureScheme::ECDSA_NISTP256_SHA256, c"SHA256", Padding::None)]
+                    }
+                    Some(Nid::SECP384R1) => {
+                        &[(SignatureScheme::ECDSA_NISTP384_SHA384, c"SHA384", Padding::None)]
+                    }
+                    Some(Nid::SECP521R1) => {
+                        &[(SignatureScheme::ECDSA_NISTP521_SHA512, c"SHA512", Padding::None)]
+                    }
+                    other => {
+                        return Err(Error::General(format!(
+                            "EC curve {other:?} is not supported for TLS signatures"
+                        )))
+                    }
+                }
+            }
+            other => {
+                return Err(Error::General(format!(
+                    "{other:?} keys are not offloaded to QAT (RSA and ECDSA are); use the openssl provider"
+                )))
+            }
+        };
+        let algorithm = if key.id() == Id::RSA {
+            SignatureAlgorithm::RSA
+        } else {
+            SignatureAlgorithm::ECDSA
+        };
+        Ok(Arc::new(QatSigningKey {
+            key: Arc::new(key),
+            schemes,
+            algorithm,
+            signer,
+        }))
+    }
+}
+
+/// TLS 1.3's PSS first, then PKCS#1 for TLS 1.2 clients that offer nothing else; SHA-256
+/// first in each (the digest's cost is negligible next to the private-key operation).
+const RSA_SCHEMES: &[(SignatureScheme, &CStr, Padding)] = &[
+    (SignatureScheme::RSA_PSS_SHA256, c"SHA256", Padding::Pss),
+    (SignatureScheme::RSA_PSS_SHA384, c"SHA384", Padding::Pss),
+    (SignatureScheme::RSA_PSS_SHA512, c"SHA512", Padding::Pss),
+    (SignatureScheme::RSA_PKCS1_SHA256, c"SHA256", Padding::Pkcs1),
+    (SignatureScheme::RSA_PKCS1_SHA384, c"SHA384", Padding::Pkcs1),
+    (SignatureScheme::RSA_PKCS1_SHA512, c"SHA512", Padding::Pkcs1),
+];
+
+#[derive(Debug)]
+struct QatSigningKey {
+    key: Arc<PKey<Private>>,
+    schemes: &'static [(SignatureScheme, &'static CStr, Padding)],
+    algorithm: SignatureAlgorithm,
+    signer: AsyncSigner,
+}
+
+impl SigningKey for QatSigningKey {
+    fn choose_scheme(&self, offered: &[SignatureScheme]) -> Option<Box<dyn Signer>> {
+        let &(scheme, digest, padding) =
+            self.schemes.iter().find(|(s, _, _)| offered.contains(s))?;
+        Some(Box::new(QatSigner {
+            key: self.key.clone(),
+            scheme,
+            digest,
+            padding,
+            signer: self.signer.clone(),
+        }))
+    }
+
+    fn public_key(&self) -> Option<SubjectPublicKeyInfoDer<'_>> {
+        self.key
+            .public_key_to_der()
+            .ok()
+            .map(SubjectPublicKeyInfoDer::from)
+    }
+
+    fn algorithm(&self) -> SignatureAlgorithm {
+        self.algorithm
+    }
+}
+
+#[derive(Debug)]
+struct QatSigner {
+    key: Arc<PKey<Private>>,
+    scheme: SignatureScheme,
+    digest: &'static CStr,
+    padding: Padding,
+    signer: AsyncSigner,
+}
+
+impl Signer for QatSigner {
+    fn sign(&self, message: &[u8]) -> Result<Vec<u8>, Error> {
+        self.signer
+            .sign(&self.key, self.digest, self.padding, message)
+            .map(|signed| signed.signature)
+            .map_err(|e| Error::General(e.to_string()))
+    }
+
+    fn scheme(&self) -> SignatureScheme {
+        self.scheme
+    }
+}

@@ -1,0 +1,273 @@
+//! openssl-qat against the real QAT_Engine provider, built in software mode (qat_sw:
+//! multi-buffer RSA and ECDSA on AVX-512) by tests/qat/build-qat-sw.sh. No QAT device
+//! exists here; qat_sw is the same provider code path a device uses (asynchronous jobs,
+//! the provider's polling thread, its configuration section), with the arithmetic done by
+//! crypto_mb instead of the device.
+//!
+//! Opt-in: building the fixture takes about 12 minutes and needs GitHub, which CI does not
+//! have. Run with
+//!
+//! ```text
+//! tests/qat/build-qat-sw.sh          # once; prints the prefix (QAT_SW_PREFIX to override)
+//! cargo build -p proxy && cargo test -p e2e --test qat_engine -- --ignored
+//! ```
+
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use e2e::*;
+use proxy::crypto::{CertAlgorithmName, ProviderName};
+
+/// Where build-qat-sw.sh installed the fixture.
+fn fixture() -> PathBuf {
+    let prefix = std::env::var_os("QAT_SW_PREFIX")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(std::env::var_os("HOME").expect("HOME")).join(".cache/qat-sw/v1.8.1")
+        });
+    assert!(
+        prefix.join(".built").is_file(),
+        "no QAT_Engine qat_sw fixture at {}: run tests/qat/build-qat-sw.sh (or set QAT_SW_PREFIX)",
+        prefix.display()
+    );
+    prefix
+}
+
+fn modules(build: &str) -> String {
+    let dir = match build {
+        "release" => fixture().join("lib/ossl-modules"),
+        other => fixture().join(other).join("lib/ossl-modules"),
+    };
+    assert!(dir.join("qatprovider.so").is_file(), "{}", dir.display());
+    dir.display().to_string()
+}
+
+const CONCURRENT: usize = 32;
+
+/// Signatures go to qatprovider in batches (the proof's eight, then handshakes arriving
+/// together), a lone handshake is signed synchronously instead of waiting for a batch, and
+/// the record layer stays on OpenSSL's default provider: this fixture keeps qat_sw's
+/// AES-GCM enabled, whose decryption crashes when the record layer is routed to it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the QAT_Engine qat_sw fixture: tests/qat/build-qat-sw.sh"]
+async fn qat_sw_signs_concurrent_handshakes_in_batches_and_leaves_the_record_layer_alone() {
+    let upstream = EchoUpstream::start();
+    let modules = modules("release");
+    for alg in [
+        CertAlgorithmName::Rsa2048,
+        CertAlgorithmName::EcdsaP256,
+        CertAlgorithmName::Rsa4096,
+    ] {
+        let proxy = ProxyProcess::start(
+            &upstream.url(),
+            ProviderName::OpensslQat,
+            alg,
+            &["--qat-module-path", &modules, "--worker-threads", "2"],
+        );
+        let log = proxy.log_text();
+        assert!(
+            log.contains(
+                "signature fetched from provider \\\"qatprovider\\\", offloaded (a batch of 8"
+            ) || log.contains(
+                "signature fetched from provider \"qatprovider\", offloaded (a batch of 8"
+            ),
+            "{log}"
+        );
+        assert!(log.contains("enable_external_polling=0"), "{log}");
+        let before = proxy.metrics();
+        let offloaded_before = metric_sum(
+            &before,
+            "proxy_qat_signatures_total",
+            &[("outcome", "offloaded")],
+        );
+        // Eight proof signatures, all taken asynchronously.
+        assert!(offloaded_before >= 8.0, "{before}");
+
+        // Many handshakes at once, each with a 64 KiB body through AES-GCM both ways.
+        let body = Bytes::from(vec![0x5a; 64 * 1024]);
+        let mut tasks = Vec::new();
+        for _ in 0..CONCURRENT {
+            let (addr, body) = (proxy.addr, body.clone());
+            tasks.push(tokio::spawn(async move {
+                let cfg = client_config(&ClientOpts::default());
+                request_bounded(addr, cfg, "POST", "/upsert", &[], body).await
+            }));
+        }
+        for t in tasks {
+            let a = t.await.unwrap().unwrap();
+            assert_eq!(a.status, 200);
+            assert_eq!(a.json()["body_len"], 64 * 1024);
+        }
+        let m = proxy.metrics();
+        let offloaded = metric_sum(
+            &m,
+            "proxy_qat_signatures_total",
+            &[("outcome", "offloaded")],
+        );
+        assert!(
+            offloaded > offloaded_before,
+            "no handshake signature was offloaded with {CONCURRENT} at once:\n{m}"
+        );
+        assert_eq!(
+            metric_sum(&m, "proxy_qat_signatures_total", &[("outcome", "failed")]),
+            0.0,
+            "{m}"
+        );
+
+        // One handshake alone: signed synchronously, not parked waiting for a batch.
+        let sync_before = metric_sum(
+            &m,
+            "proxy_qat_signatures_total",
+            &[("outcome", "synchronous")],
+        );
+        let started = Instant::now();
+        let a = request_bounded(
+            proxy.addr,
+            client_config(&ClientOpts::default()),
+            "GET",
+            "/alone",
+            &[],
+            Bytes::new(),
+        )
+        .await
+        .unwrap();
+        assert_eq!(a.status, 200);
+        let m = proxy.metrics();
+        assert_eq!(
+            metric_sum(
+                &m,
+                "proxy_qat_signatures_total",
+                &[("outcome", "synchronous")]
+            ),
+            sync_before + 1.0,
+            "a lone handshake should be signed synchronously:\n{m}"
+        );
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "a lone handshake took {:?}",
+            started.elapsed()
+        );
+        assert_eq!(
+            metric_sum(
+                &m,
+                "proxy_tls_handshakes_total",
+                &[("provider", "openssl-qat"), ("outcome", "ok")]
+            ),
+            (CONCURRENT + 1) as f64,
+            "{m}"
+        );
+        assert!(
+            !proxy.log_text().contains("SIGSEGV"),
+            "{}",
+            proxy.log_text()
+        );
+    }
+}
+
+/// QAT_Engine as released switches qat_sw off on a non-Intel CPU but still registers its
+/// algorithms. The start-up proof names what happens: RSA signing fails inside the
+/// provider (not "key does not match certificate"), and P-256 signs without ever pausing
+/// its job (loaded but not offloading).
+#[test]
+#[ignore = "needs the QAT_Engine qat_sw fixture: tests/qat/build-qat-sw.sh"]
+fn a_provider_that_is_loaded_but_not_offloading_is_named_as_such() {
+    let stock = fixture().join("stock/lib/ossl-modules");
+    if !stock.is_dir() {
+        // On an Intel CPU the released build offloads; there is no stock variant to test.
+        assert!(std::fs::read_to_string("/proc/cpuinfo")
+            .unwrap_or_default()
+            .contains("GenuineIntel"));
+        return;
+    }
+    let stock = stock.display().to_string();
+    let start = |alg: CertAlgorithmName, extra: &[&str]| {
+        let (cert, key) = server_cert(alg);
+        let mut flags = vec!["--provider", "openssl-qat", "--qat-module-path", &stock];
+        flags.extend_from_slice(extra);
+        let args = startup_run_args(
+            &cert.display().to_string(),
+            &key.display().to_string(),
+            &flags,
+        );
+        let argv: Vec<&str> = args.iter().map(String::as_str).collect();
+        run_proxy_to_exit(&argv)
+    };
+    let (status, out) = start(CertAlgorithmName::Rsa2048, &[]);
+    assert_eq!(status.code(), Some(1), "{out}");
+    assert!(out.contains("failed inside the provider"), "{out}");
+    assert!(!out.contains("does not match"), "{out}");
+    let (status, out) = start(CertAlgorithmName::EcdsaP256, &[]);
+    assert_eq!(status.code(), Some(1), "{out}");
+    assert!(out.contains("loaded but not offloading"), "{out}");
+}
+
+/// The provider reads its settings from the OpenSSL configuration section the proxy writes
+/// (the debug build logs what it read), and a section that turns on external polling,
+/// which the provider offers no poll call for, leaves signatures unanswered: the proof
+/// fails after its timeout instead of the proxy hanging, which is why the proxy refuses
+/// `qat.polling = "external"` itself.
+#[test]
+#[ignore = "needs the QAT_Engine qat_sw fixture: tests/qat/build-qat-sw.sh"]
+fn the_provider_reads_the_settings_the_proxy_writes() {
+    let debug = modules("debug");
+    let (cert, key) = server_cert(CertAlgorithmName::Rsa2048);
+    let (cert, key) = (cert.display().to_string(), key.display().to_string());
+    // Start, prove, then exit on SIGTERM: run it as a real server for a moment.
+    let mut proxy = ProxyProcess::start(
+        "http://127.0.0.1:1",
+        ProviderName::OpensslQat,
+        CertAlgorithmName::Rsa2048,
+        &["--qat-module-path", &debug],
+    );
+    let log = proxy.log_text();
+    assert!(log.contains("- External polling: OFF"), "{log}");
+    assert!(log.contains("- Heuristic polling: OFF"), "{log}");
+    proxy.terminate();
+    proxy.wait_exit(Duration::from_secs(10));
+
+    // check-config shows the section; turn external polling on in it, as a user's
+    // OPENSSL_CONF could, and start with that file.
+    let dir = temp_dir("qat-settings");
+    let toml = dir.join("proxy.toml");
+    std::fs::write(
+        &toml,
+        format!(
+            "provider = \"openssl-qat\"\n[qat]\nmodule_path = \"{debug}/qatprovider.so\"\n\
+             [[listener]]\nlisten = \"127.0.0.1:0\"\ncert = \"{cert}\"\nkey = \"{key}\"\n\
+             upstream = \"http://127.0.0.1:6333\"\n"
+        ),
+    )
+    .unwrap();
+    let (status, out) = run_proxy_to_exit(&["check-config", &toml.display().to_string()]);
+    assert!(status.success(), "{out}");
+    let section: String = out
+        .lines()
+        .skip_while(|l| !l.contains("The OpenSSL configuration the proxy loads"))
+        .skip(1)
+        .filter_map(|l| l.strip_prefix("#   "))
+        .map(|l| match l {
+            "enable_external_polling = 0" => "enable_external_polling = 1\n".to_owned(),
+            "enable_heuristic_polling = 0" => "enable_heuristic_polling = 1\n".to_owned(),
+            other => format!("{other}\n"),
+        })
+        .collect();
+    assert!(section.contains("enable_external_polling = 1"), "{out}");
+    let cnf = dir.join("openssl.cnf");
+    std::fs::write(&cnf, &section).unwrap();
+    let output = Command::new(binary("proxy"))
+        .args(["run", "--config", &toml.display().to_string()])
+        .args(["--admin", "127.0.0.1:0"])
+        .env("OPENSSL_CONF", &cnf)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{text}");
+    assert!(text.contains("- External polling: ON"), "{text}");
+    assert!(text.contains("- Heuristic polling: ON"), "{text}");
+    assert!(text.contains("from OPENSSL_CONF="), "{text}");
+    assert!(text.contains("no signature within 10 s"), "{text}");
+    std::fs::remove_dir_all(&dir).ok();
+}

@@ -47,7 +47,7 @@ fn modules(build: &str) -> String {
 const CONCURRENT: usize = 32;
 
 /// Signatures go to qatprovider in batches (the proof's eight, then handshakes arriving
-/// together), a lone handshake is signed synchronously instead of waiting for a batch, and
+/// together), a lone handshake is signed in software instead of waiting for a batch, and
 /// the record layer stays on OpenSSL's default provider: this fixture keeps qat_sw's
 /// AES-GCM enabled, whose decryption crashes when the record layer is routed to it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -116,12 +116,8 @@ async fn qat_sw_signs_concurrent_handshakes_in_batches_and_leaves_the_record_lay
             "{m}"
         );
 
-        // One handshake alone: signed synchronously, not parked waiting for a batch.
-        let sync_before = metric_sum(
-            &m,
-            "proxy_qat_signatures_total",
-            &[("outcome", "synchronous")],
-        );
+        // One handshake alone: signed in software, not parked waiting for a batch.
+        let sync_before = metric_sum(&m, "proxy_qat_signatures_total", &[("outcome", "software")]);
         let started = Instant::now();
         let a = request_bounded(
             proxy.addr,
@@ -136,13 +132,9 @@ async fn qat_sw_signs_concurrent_handshakes_in_batches_and_leaves_the_record_lay
         assert_eq!(a.status, 200);
         let m = proxy.metrics();
         assert_eq!(
-            metric_sum(
-                &m,
-                "proxy_qat_signatures_total",
-                &[("outcome", "synchronous")]
-            ),
+            metric_sum(&m, "proxy_qat_signatures_total", &[("outcome", "software")]),
             sync_before + 1.0,
-            "a lone handshake should be signed synchronously:\n{m}"
+            "a lone handshake should be signed in software:\n{m}"
         );
         assert!(
             started.elapsed() < Duration::from_secs(5),

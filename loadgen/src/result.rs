@@ -167,6 +167,12 @@ pub struct ProxyMetricsDelta {
     pub cpu_seconds: Option<f64>,
     pub cpu_seconds_per_request: Option<f64>,
     pub cpu_seconds_per_handshake: Option<f64>,
+    /// openssl-qat: signatures the QAT provider took asynchronously during the run.
+    #[serde(default)]
+    pub qat_signatures_offloaded: Option<f64>,
+    /// openssl-qat: the other signatures (in software at low load, inline, failed).
+    #[serde(default)]
+    pub qat_signatures_not_offloaded: Option<f64>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]

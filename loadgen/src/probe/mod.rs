@@ -311,6 +311,12 @@ impl Running {
                         cpu_seconds_per_handshake: cpu
                             .filter(|_| handshakes > 0.0)
                             .map(|c| c / handshakes),
+                        qat_signatures_offloaded: after
+                            .qat_offloaded
+                            .map(|a| a - before.qat_offloaded.unwrap_or(0.0)),
+                        qat_signatures_not_offloaded: after
+                            .qat_not_offloaded
+                            .map(|a| a - before.qat_not_offloaded.unwrap_or(0.0)),
                     };
                     (Measured::ok(delta), after.listeners)
                 }

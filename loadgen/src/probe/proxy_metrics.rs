@@ -17,6 +17,10 @@ pub struct Snapshot {
     pub handshake_failures: f64,
     pub requests: f64,
     pub cpu_seconds: Option<f64>,
+    /// openssl-qat: signatures the QAT provider took asynchronously (batched or sent to
+    /// the device), and all the others (in software at low load, inline, failed).
+    pub qat_offloaded: Option<f64>,
+    pub qat_not_offloaded: Option<f64>,
     /// Labels of `proxy_listener_info` series: provider, algorithm, mode, offload.
     pub listeners: Vec<BTreeMap<String, String>>,
 }
@@ -57,6 +61,10 @@ pub fn parse(text: &str) -> Snapshot {
             "proxy_http_requests_total" => s.requests += value,
             "process_cpu_seconds_total" => s.cpu_seconds = Some(value),
             "proxy_listener_info" => s.listeners.push(labels),
+            "proxy_qat_signatures_total" => match labels.get("outcome").map(String::as_str) {
+                Some("offloaded") => *s.qat_offloaded.get_or_insert(0.0) += value,
+                _ => *s.qat_not_offloaded.get_or_insert(0.0) += value,
+            },
             _ => {}
         }
     }
@@ -102,5 +110,15 @@ proxy_listener_info{algorithm="rsa2048",handshake_offload="inline",listener="res
         assert_eq!(s.requests, 15.0);
         assert_eq!(s.cpu_seconds, Some(1.234567));
         assert_eq!(s.listeners[0]["provider"], "ring");
+        // No QAT series: no QAT figures (not zeros).
+        assert_eq!((s.qat_offloaded, s.qat_not_offloaded), (None, None));
+        let qat = parse(
+            "proxy_qat_signatures_total{outcome=\"offloaded\"} 40\n\
+             proxy_qat_signatures_total{outcome=\"software\"} 7\n\
+             proxy_qat_signatures_total{outcome=\"inline\"} 2\n\
+             proxy_qat_signatures_total{outcome=\"failed\"} 1\n",
+        );
+        assert_eq!(qat.qat_offloaded, Some(40.0));
+        assert_eq!(qat.qat_not_offloaded, Some(10.0));
     }
 }

@@ -459,6 +459,21 @@ const SATURATED: f64 = 0.9;
 /// process at the CPU it was allowed (its `cpus_allowed`, or every core), or, when nothing
 /// was saturated, the client's concurrency against the round trip (latency-bound).
 pub fn bound(r: &RunResult) -> String {
+    let qat = r.proxy_metrics.value.as_ref().and_then(|p| {
+        let offloaded = p.qat_signatures_offloaded?;
+        let total = offloaded + p.qat_signatures_not_offloaded.unwrap_or(0.0);
+        (total > 0.0).then(|| {
+            format!(
+                "; QAT: {:.0} % of {total:.0} signatures offloaded (the rest in software: too few \
+                 handshakes at once to fill a batch)",
+                100.0 * offloaded / total
+            )
+        })
+    });
+    format!("{}{}", bound_by_cpu(r), qat.unwrap_or_default())
+}
+
+fn bound_by_cpu(r: &RunResult) -> String {
     let cores = r.environment.cores.max(1) as f64;
     let mut procs: Vec<(String, f64)> = r
         .cpu

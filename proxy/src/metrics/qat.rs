@@ -52,9 +52,10 @@ impl QatMetrics {
         let signatures = IntCounterVec::new(
             Opts::new(
                 "proxy_qat_signatures_total",
-                "Handshake signatures sent to the QAT provider, by outcome: offloaded (the provider paused \
-                 the asynchronous job: batched or sent to the device), synchronous (signed inline: not \
-                 offloaded), failed.",
+                "Handshake signatures of openssl-qat listeners, by outcome: offloaded (the QAT provider \
+                 paused the asynchronous job: batched or sent to the device), inline (the QAT provider \
+                 signed without pausing: not offloaded), software (OpenSSL's default provider, because \
+                 too few handshakes were under way to fill a batch), failed.",
             ),
             &["outcome"],
         )
@@ -138,7 +139,8 @@ impl QatMetrics {
             let stats = state.signer().stats();
             for (outcome, counter) in [
                 ("offloaded", &stats.offloaded),
-                ("synchronous", &stats.synchronous),
+                ("inline", &stats.inline),
+                ("software", &stats.software),
                 ("failed", &stats.failed),
             ] {
                 advance(

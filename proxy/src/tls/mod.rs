@@ -279,10 +279,11 @@ pub struct HandshakeError {
 
 /// Reads the ClientHello, builds the connection (where the server signs) according to
 /// `offload`, and completes the handshake. `waits_for_signer` (openssl-qat) overrides
-/// `offload`: the signature is then computed in a batch on the QAT signer thread and the
-/// signing step only waits for it, so it runs on tokio's blocking threads, as many at once
-/// as there are handshakes, which is what lets the provider fill its batches (a pool of a
-/// few workers would cap the batch at the pool's size).
+/// `offload` while enough handshakes are under way to fill the provider's batches: the
+/// signature is then computed in a batch on the QAT signer thread and the signing step
+/// only waits for it, so it runs on tokio's blocking threads, as many at once as there are
+/// handshakes (a pool of a few workers would cap the batch at the pool's size). Otherwise
+/// it signs in software where `offload` says.
 pub async fn accept<IO>(
     io: IO,
     config: Arc<ServerConfig>,
@@ -295,12 +296,10 @@ where
     // Counted from the first byte to the last flight, so that the QAT signer knows how many
     // signatures are coming: a partial batch waits only while enough handshakes are under
     // way to fill it.
-    let _counted = if waits_for_signer {
-        crate::crypto::qat::active()
-            .map(|state| crate::crypto::qat::signer::HandshakeInFlight::new(state.signer()))
-    } else {
-        None
-    };
+    let qat = waits_for_signer.then(crate::crypto::qat::active).flatten();
+    let _counted = qat
+        .as_ref()
+        .map(|state| crate::crypto::qat::signer::HandshakeInFlight::new(state.signer()));
     let start = LazyConfigAcceptor::new(rustls::server::Acceptor::default(), io)
         .await
         .map_err(|source| HandshakeError {
@@ -311,12 +310,18 @@ where
     // includes the signature (TLS 1.3 CertificateVerify, TLS 1.2 ServerKeyExchange): that
     // call is what the pool takes off the reactor.
     let accept = match offload {
-        _ if waits_for_signer => tokio::task::spawn_blocking(move || start.into_stream(config))
+        _ if qat.is_some_and(|state| state.signer().batches_fill()) => {
+            tokio::task::spawn_blocking(move || {
+                crate::crypto::qat::signer::AsyncSigner::may_wait_for_batch(|| {
+                    start.into_stream(config)
+                })
+            })
             .await
             .map_err(|e| HandshakeError {
                 kind: "offload",
                 source: io::Error::other(e),
-            })?,
+            })?
+        }
         Offload::Inline => start.into_stream(config),
         // The pool returns the not-yet-finished handshake future on purpose: only building it
         // signs; the remaining flights are I/O and go back to this connection's reactor.

@@ -109,7 +109,7 @@ pub struct QatConfig {
     /// Signatures the proxy keeps in flight in the provider at once; more wait in order.
     pub max_signatures_in_flight: usize,
     /// The provider's batch width: 8 for qat_sw (a signature goes to the provider only
-    /// when a batch of 8 can fill soon, else it is signed synchronously), 1 for QAT
+    /// when a batch of 8 can fill soon, else it is signed in software), 1 for QAT
     /// hardware (every signature goes to the provider at once).
     pub batch: usize,
     /// Behaviour when the provider cannot be used.

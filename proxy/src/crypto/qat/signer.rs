@@ -15,11 +15,12 @@
 //! Whether a signature is worth a job is decided per request. qat_sw computes a queue the
 //! moment it holds eight requests (its multi-buffer width), and otherwise only when its
 //! polling thread's timer expires, 10 ms later: a lone handshake sent there would wait that
-//! long. So a signature goes to the provider only while at least a batch's worth of
-//! openssl-qat handshakes is under way ([`HandshakeInFlight`]); with fewer, the calling
-//! thread signs synchronously through the same provider (its software path, what OpenSSL
-//! alone costs), so a handshake at low load is not delayed at all, and at high load
-//! requests batch. For QAT hardware, which does not batch, `batch = 1` sends every
+//! long, and a batch of one costs the CPU of eight. So a signature goes to the provider
+//! only while at least a batch's worth of openssl-qat handshakes is under way
+//! ([`HandshakeInFlight`]); then the handshake's signing step runs on a blocking thread
+//! that waits for it. With fewer, the step runs where the listener's other handshakes run
+//! and signs at once with OpenSSL's default provider (what `openssl` costs), so a
+//! handshake at low load is neither delayed nor handed between threads. For QAT hardware, which does not batch, `batch = 1` sends every
 //! signature to the provider.
 //!
 //! Only the signature goes to the QAT provider, fetched with an explicit property query;
@@ -42,6 +43,12 @@ use openssl_sys as sys;
 /// How long a handshake waits for its signature before failing: far beyond any batch
 /// timeout, short enough that a wedged provider fails handshakes instead of hanging them.
 const SIGN_TIMEOUT: Duration = Duration::from_secs(10);
+thread_local! {
+    /// Set while this thread runs a signing step that may wait for the provider (see
+    /// [`AsyncSigner::may_wait_for_batch`]).
+    static MAY_WAIT_FOR_BATCH: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
 /// How soon a job the provider turned away (no free request slot) is tried again.
 const RETRY_TICK: Duration = Duration::from_micros(50);
 
@@ -118,6 +125,8 @@ pub struct Signed {
     pub paused: bool,
     /// The provider the signature operation was fetched from.
     pub provider: String,
+    /// Signed by OpenSSL's default provider on purpose (low load), not through QAT.
+    pub in_software: bool,
 }
 
 /// Why a signature failed.
@@ -144,8 +153,11 @@ pub struct SignerStats {
     pub in_flight: AtomicI64,
     /// Signatures the provider took asynchronously.
     pub offloaded: AtomicU64,
-    /// Signatures the provider produced without pausing (not offloaded).
-    pub synchronous: AtomicU64,
+    /// Signatures the provider produced inside a job without pausing (not offloaded).
+    pub inline: AtomicU64,
+    /// Signatures made in software by OpenSSL's default provider because too few
+    /// handshakes were under way to fill a batch.
+    pub software: AtomicU64,
     /// Signatures that failed.
     pub failed: AtomicU64,
     /// Times a job was resumed because the provider had no free request slot (EAGAIN).
@@ -178,6 +190,8 @@ struct Request {
     padding: Padding,
     message: Vec<u8>,
     property_query: Arc<CString>,
+    /// Sign with OpenSSL's defaults (the default provider) instead of `property_query`.
+    in_software: bool,
     // Filled in by the job.
     signature: Vec<u8>,
     provider: *const sys::OSSL_PROVIDER,
@@ -257,14 +271,30 @@ impl AsyncSigner {
         self.batch
     }
 
+    /// True when a signature sent to the provider now can expect its batch to fill: at
+    /// least a batch's worth of openssl-qat handshakes under way (always, for `batch = 1`).
+    pub fn batches_fill(&self) -> bool {
+        self.stats.handshakes.load(Ordering::Relaxed) >= self.batch as i64
+    }
+
+    /// Runs `f` (a handshake's signing step) on a thread that may block until the
+    /// provider has computed its batch. Signatures made outside it are made in software
+    /// at once: a reactor thread must never wait for a batch.
+    pub fn may_wait_for_batch<R>(f: impl FnOnce() -> R) -> R {
+        MAY_WAIT_FOR_BATCH.set(true);
+        let out = f();
+        MAY_WAIT_FOR_BATCH.set(false);
+        out
+    }
+
     /// The counters.
     pub fn stats(&self) -> &Arc<SignerStats> {
         &self.stats
     }
 
     /// Signs `message` with `key`: inside an ASYNC job on the signer thread when it can
-    /// batch, otherwise synchronously on this thread. Blocks the calling thread: call it
-    /// where blocking is allowed.
+    /// batch and the caller may wait ([`may_wait_for_batch`](Self::may_wait_for_batch)),
+    /// otherwise in software on this thread at once.
     pub fn sign(
         &self,
         key: &Arc<PKey<Private>>,
@@ -274,8 +304,8 @@ impl AsyncSigner {
     ) -> Result<Signed, SignError> {
         let (mut request, answer) = self.request(key, digest, padding, message);
         self.stats.in_flight.fetch_add(1, Ordering::Relaxed);
-        let batches_fill = self.stats.handshakes.load(Ordering::Relaxed) >= self.batch as i64;
-        let outcome = if self.batch > 1 && !batches_fill {
+        let outcome = if !MAY_WAIT_FOR_BATCH.get() || (self.batch > 1 && !self.batches_fill()) {
+            request.in_software = true;
             sign_here(&mut request)
         } else if self.tx.send(Message::Sign(request)).is_err() {
             Err(SignError::Signer("its thread has exited"))
@@ -326,6 +356,7 @@ impl AsyncSigner {
             padding,
             message: message.to_vec(),
             property_query: self.property_query.clone(),
+            in_software: false,
             signature: Vec::new(),
             provider: ptr::null(),
             error: None,
@@ -337,7 +368,8 @@ impl AsyncSigner {
     fn count(&self, outcome: &Result<Signed, SignError>) {
         let counter = match outcome {
             Ok(s) if s.paused => &self.stats.offloaded,
-            Ok(_) => &self.stats.synchronous,
+            Ok(s) if s.in_software => &self.stats.software,
+            Ok(_) => &self.stats.inline,
             Err(_) => &self.stats.failed,
         };
         counter.fetch_add(1, Ordering::Relaxed);
@@ -352,7 +384,9 @@ fn wait(answer: &mpsc::Receiver<Answer>) -> Result<Signed, SignError> {
     }
 }
 
-/// Signs synchronously on the calling thread (the provider signs inline: not offloaded).
+/// Signs synchronously on the calling thread, with OpenSSL's default provider: a lone
+/// signature gains nothing from qat_sw (it computes eight lanes for one), and its own
+/// software path costs more than OpenSSL's.
 fn sign_here(request: &mut Box<Request>) -> Result<Signed, SignError> {
     let ok = match sign_in_job(request) {
         Ok(()) => true,
@@ -580,6 +614,7 @@ fn result_of(request: &mut Request, paused: bool, ok: bool) -> Result<Signed, Si
     let provider = provider_name(request.provider);
     match (ok, request.error.take()) {
         (true, None) => Ok(Signed {
+            in_software: request.in_software,
             signature: std::mem::take(&mut request.signature),
             paused,
             provider,
@@ -639,7 +674,11 @@ fn sign_in_job(request: &mut Request) -> Result<(), String> {
             &mut pctx,
             request.digest.as_ptr(),
             ptr::null_mut(),
-            request.property_query.as_ptr(),
+            if request.in_software {
+                ptr::null()
+            } else {
+                request.property_query.as_ptr()
+            },
             request.key.as_ptr(),
             ptr::null(),
         ) != 1

@@ -415,10 +415,11 @@ impl QatState {
         &self.signer
     }
 
-    /// Signs a probe with the private key in `key_path` through the signer, exactly as a
-    /// handshake does, and checks that the provider did the work asynchronously: the
-    /// signature was fetched from this provider, the provider paused the job (a provider
-    /// that is loaded but not offloading signs inline), and the signature verifies.
+    /// Signs a batch of probes (RSA: one PKCS#1 v1.5 batch, one PSS batch) with the private
+    /// key in `key_path` through the signer, as handshakes do under load, and checks that
+    /// the provider did the work asynchronously: each signature was fetched from this
+    /// provider, the provider paused every job (a provider that is loaded but not
+    /// offloading signs inline), and the signatures verify.
     pub fn prove_signing(&self, key_path: &Path) -> Result<SigningProof, QatError> {
         let pem = std::fs::read(key_path).map_err(|e| {
             QatError(format!(

@@ -76,6 +76,17 @@ async fn qat_sw_signs_concurrent_handshakes_in_batches_and_leaves_the_record_lay
             "{log}"
         );
         assert!(log.contains("enable_external_polling=0"), "{log}");
+        assert_eq!(
+            metric_value(
+                &proxy.metrics(),
+                "proxy_listener_info",
+                &[
+                    ("provider", "openssl-qat"),
+                    ("handshake_offload", "qat-async")
+                ]
+            ),
+            Some(1.0)
+        );
         let before = proxy.metrics();
         let offloaded_before = metric_sum(
             &before,

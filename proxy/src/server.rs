@@ -133,7 +133,7 @@ impl Proxy {
                 provider_name.as_str(),
                 cert.algorithm.label(),
                 mode_label,
-                offload.label(),
+                tls::handshake_label(provider_name, offload.label()),
             );
             let mode = match lc.mode {
                 ListenerMode::Http => Mode::Http(Arc::new(HttpForwarder::new(
@@ -161,7 +161,7 @@ impl Proxy {
                 kx_groups = %lc.tls.kx_groups.iter().map(|g| g.as_str()).collect::<Vec<_>>().join(","),
                 resumption = lc.tls.resumption,
                 mtls = lc.tls.client_ca.is_some(),
-                handshake = offload.label(),
+                handshake = tls::handshake_label(provider_name, offload.label()),
                 "listener ready"
             );
             metrics.set_certificate_expiry(&name, cert.not_after);

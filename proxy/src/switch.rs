@@ -251,7 +251,7 @@ impl TlsSwitch {
                 provider.name().as_str(),
                 algorithm,
                 l.mode_label,
-                l.offload_label,
+                tls::handshake_label(provider.name(), l.offload_label),
             );
             l.current.store(Arc::new(ListenerTls {
                 config,
@@ -269,7 +269,7 @@ impl TlsSwitch {
                     old.provider.as_str(),
                     old.algorithm,
                     l.mode_label,
-                    l.offload_label,
+                    tls::handshake_label(old.provider, l.offload_label),
                 );
             }
             tracing::info!(

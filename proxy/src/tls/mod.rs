@@ -204,6 +204,16 @@ impl Offload {
     }
 }
 
+/// The `handshake_offload` label of a listener: where its handshakes sign. openssl-qat
+/// listeners sign through the asynchronous QAT signer whatever `offload` says.
+pub fn handshake_label(provider: ProviderName, offload: &'static str) -> &'static str {
+    if provider == ProviderName::OpensslQat {
+        "qat-async"
+    } else {
+        offload
+    }
+}
+
 /// The dedicated handshake pool: a separate multi-threaded runtime whose workers only turn
 /// ClientHellos into the server's first flight (the step that signs).
 pub struct HandshakePool {

@@ -751,3 +751,91 @@ fn bad_values_are_refused_before_anything_is_changed() {
         run.stderr
     );
 }
+
+/// Qdrant's API key end to end: embedded-qdrant refuses requests without it as Qdrant
+/// does (REST 401, gRPC UNAUTHENTICATED; health checks stay open), the proxy forwards
+/// `api-key` and `authorization` untouched, `loadgen run --api-key` (or `--header` with a
+/// bearer token) ingests over REST and gRPC, and the result records neither secret.
+#[test]
+fn api_keys_reach_qdrant_through_the_proxy_and_stay_out_of_the_result() {
+    const KEY: &str = "k3y-for-the-test-0123456789";
+    let data = temp_dir("lg-key-data");
+    let qdrant = EmbeddedQdrant::start_with(&data, &["--api-key", KEY]);
+    let (code, body) = http_raw(qdrant.rest, "GET", "/collections", &[], "");
+    assert_eq!(code, 401, "{body}");
+    assert!(body.contains("Must provide an API key"), "{body}");
+    let (code, _) = http_raw(qdrant.rest, "GET", "/healthz", &[], "");
+    assert_eq!(code, 200);
+    let key_line = format!("api-key: {KEY}");
+    let (code, body) = http_raw(qdrant.rest, "GET", "/collections", &[&key_line], "");
+    assert_eq!(code, 200, "{body}");
+    let bearer = format!("Bearer {KEY}");
+    let bearer_line = format!("Authorization: {bearer}");
+    let (code, body) = http_raw(qdrant.rest, "GET", "/collections", &[&bearer_line], "");
+    assert_eq!(code, 200, "{body}");
+
+    let rest = ProxyProcess::start(
+        &format!("http://{}", qdrant.rest),
+        ProviderName::AwsLcRs,
+        CertAlgorithmName::EcdsaP256,
+        &[],
+    );
+    let grpc = ProxyProcess::start(
+        &format!("http://{}", qdrant.grpc),
+        ProviderName::AwsLcRs,
+        CertAlgorithmName::EcdsaP256,
+        &["--upstream-protocol", "h2c"],
+    );
+    let dir = temp_dir("lg-key");
+    for (proxy, protocol) in [(&rest, "rest"), (&grpc, "grpc")] {
+        let target = format!("localhost:{}", proxy.addr.port());
+        // Without the key: refused by the database, through the proxy, and said so.
+        let mut no_key = base_args(&target, "keyed");
+        no_key.extend(args(&["--requests", "2", "--protocol", protocol]));
+        let run = run_loadgen(&no_key, None);
+        assert!(!run.status.success(), "{protocol}: {}", run.stdout);
+        assert!(
+            // REST: HTTP 401; gRPC: status 16, UNAUTHENTICATED.
+            run.stderr.contains("401") || run.stderr.contains("grpc-status 16"),
+            "{protocol}: {}",
+            run.stderr
+        );
+        // With it: stored, exactly.
+        let out = dir.join(format!("{protocol}.json"));
+        let mut keyed = base_args(&target, "keyed");
+        keyed.extend(args(&[
+            "--requests",
+            "6",
+            "--recreate",
+            "--protocol",
+            protocol,
+            "--api-key",
+            KEY,
+            "--header",
+            "x-team: ingestion",
+        ]));
+        let run = run_loadgen(&keyed, Some(&out));
+        assert!(run.status.success(), "{protocol}: {}", run.stderr);
+        let r = run.result.expect("result");
+        assert_eq!(num(&r, &["requests_ok"]), 6.0, "{r:#}");
+        assert_eq!(
+            r["verification"]["value"]["points_acknowledged"], 120,
+            "{r:#}"
+        );
+        let text = std::fs::read_to_string(&out).unwrap();
+        assert!(!text.contains(KEY), "the key leaked into the result");
+        assert_eq!(r["config"]["api_key"], "(set)", "{r:#}");
+        assert_eq!(r["config"]["headers"][0], "x-team: (redacted)", "{r:#}");
+    }
+    // A bearer token through --header works as well (REST).
+    let target = format!("localhost:{}", rest.addr.port());
+    let mut bearer_run = base_args(&target, "keyed");
+    bearer_run.extend(args(&[
+        "--requests",
+        "2",
+        "--header",
+        &format!("authorization: {bearer}"),
+    ]));
+    let run = run_loadgen(&bearer_run, None);
+    assert!(run.status.success(), "{}", run.stderr);
+}

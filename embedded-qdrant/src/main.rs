@@ -2,6 +2,7 @@
 //! Qdrant's own storage engine (the `qdrant-edge` crate), so the benchmark's main job runs
 //! where no Qdrant server or container engine is installed.
 
+mod auth;
 mod convert;
 mod grpc;
 mod grpc_stubs;
@@ -35,6 +36,11 @@ struct Args {
     /// Log filter (RUST_LOG wins).
     #[arg(long, default_value = "info")]
     log_level: String,
+    /// Require this API key on every request but the health checks, as Qdrant's
+    /// `service.api_key` (`api-key` header or `authorization: Bearer`); REST answers 401
+    /// and gRPC UNAUTHENTICATED without it.
+    #[arg(long, env = "QDRANT__SERVICE__API_KEY", hide_env_values = true)]
+    api_key: Option<String>,
 }
 
 fn main() -> std::process::ExitCode {
@@ -66,6 +72,11 @@ fn main() -> std::process::ExitCode {
 }
 
 async fn run(args: Args) -> anyhow::Result<()> {
+    let api_key = match args.api_key.as_deref() {
+        Some("") => anyhow::bail!("--api-key: the key must not be empty"),
+        Some(k) => Some(auth::ApiKey::new(k.to_owned())),
+        None => None,
+    };
     let store = Arc::new(tokio::task::block_in_place(|| {
         store::Store::open(&args.data)
     })?);
@@ -85,9 +96,16 @@ async fn run(args: Args) -> anyhow::Result<()> {
         Arc::new(rest::Rest {
             store: store.clone(),
             operation_ids: operation_ids.clone(),
+            api_key: api_key.clone(),
         }),
         shutdown.clone(),
     ));
+    let check_key = move |req: tonic::Request<()>| match &api_key {
+        Some(key) if !key.admits(&req.metadata().clone().into_headers()) => {
+            Err(tonic::Status::unauthenticated(auth::REFUSAL))
+        }
+        _ => Ok(req),
+    };
     let service = grpc::Grpc {
         store: store.clone(),
         operation_ids,
@@ -97,19 +115,22 @@ async fn run(args: Args) -> anyhow::Result<()> {
     let grpc_shutdown = shutdown.clone();
     let grpc_task = tokio::spawn(
         tonic::transport::Server::builder()
+            // Qdrant's own service (health check, version) needs no key, as in Qdrant.
             .add_service(
                 qdrant_client::qdrant::qdrant_server::QdrantServer::new(service.clone())
                     .max_decoding_message_size(MAX_GRPC_MESSAGE),
             )
-            .add_service(
+            .add_service(tonic::service::interceptor::InterceptedService::new(
                 qdrant_client::qdrant::collections_server::CollectionsServer::new(service.clone())
                     .max_decoding_message_size(MAX_GRPC_MESSAGE),
-            )
-            .add_service(
+                check_key.clone(),
+            ))
+            .add_service(tonic::service::interceptor::InterceptedService::new(
                 qdrant_client::qdrant::points_server::PointsServer::new(service)
                     .max_decoding_message_size(MAX_GRPC_MESSAGE)
                     .max_encoding_message_size(MAX_GRPC_MESSAGE),
-            )
+                check_key,
+            ))
             .serve_with_incoming_shutdown(
                 // Without TCP_NODELAY a unary answer (headers, message, trailers in separate
                 // writes) meets Nagle and the client's delayed ACK: a 40 ms floor per call.

@@ -35,6 +35,8 @@ pub struct Rest {
     pub store: Arc<Store>,
     /// Operation ids handed out for updates.
     pub operation_ids: Arc<AtomicU64>,
+    /// Required on every request but the health checks, as Qdrant's `service.api_key`.
+    pub api_key: Option<crate::auth::ApiKey>,
 }
 
 type Reply = Response<Full<Bytes>>;
@@ -227,6 +229,12 @@ impl Rest {
         let started = Instant::now();
         let method = req.method().clone();
         let path = req.uri().path().to_owned();
+        if let Some(key) = &self.api_key {
+            let health = matches!(path.as_str(), "/healthz" | "/livez" | "/readyz");
+            if !health && !key.admits(req.headers()) {
+                return error(StatusCode::UNAUTHORIZED, crate::auth::REFUSAL, started);
+            }
+        }
         let wait = req
             .uri()
             .query()

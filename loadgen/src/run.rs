@@ -60,7 +60,25 @@ pub enum OnOff {
     Off,
 }
 
-/// Everything a run is configured by; recorded whole in the result.
+fn redact_secret<S: serde::Serializer>(v: &Option<String>, s: S) -> Result<S::Ok, S::Error> {
+    match v {
+        Some(_) => s.serialize_some("(set)"),
+        None => s.serialize_none(),
+    }
+}
+
+/// Headers may carry credentials (authorization): only their names are recorded.
+fn header_names_only<S: serde::Serializer>(v: &[String], s: S) -> Result<S::Ok, S::Error> {
+    use serde::ser::SerializeSeq;
+    let mut seq = s.serialize_seq(Some(v.len()))?;
+    for h in v {
+        let name = h.split_once(':').map_or(h.as_str(), |(n, _)| n.trim());
+        seq.serialize_element(&format!("{name}: (redacted)"))?;
+    }
+    seq.end()
+}
+
+/// Everything a run is configured by; recorded whole in the result (secrets redacted).
 #[derive(Clone, Debug, Args, Serialize)]
 pub struct RunArgs {
     /// HOST:PORT (TLS), https://HOST:PORT, or http://HOST:PORT for a plaintext baseline.
@@ -147,6 +165,16 @@ pub struct RunArgs {
     /// TLS server name (default: the target host).
     #[arg(long)]
     pub server_name: Option<String>,
+    /// The database's API key, sent as an `api-key` header (gRPC metadata) on every
+    /// request, as Qdrant's clients do. Recorded in the result only as "(set)".
+    #[arg(long, env = "LOADGEN_API_KEY", hide_env_values = true)]
+    #[serde(serialize_with = "redact_secret")]
+    pub api_key: Option<String>,
+    /// A further header on every request (gRPC metadata too), `name: value`, repeatable,
+    /// e.g. `--header 'authorization: Bearer <jwt>'`. Recorded by name only.
+    #[arg(long = "header", value_name = "NAME: VALUE")]
+    #[serde(serialize_with = "header_names_only")]
+    pub headers: Vec<String>,
 
     /// Closed loop: workers, each with one request in flight.
     #[arg(long, default_value_t = 4)]
@@ -285,7 +313,35 @@ impl RunArgs {
     /// Every check that needs neither the network nor the target: run before anything is
     /// changed (the collection recreated, vectors embedded), and by `compare` for every
     /// cell's flags before the first cell starts.
+    /// The headers every request carries besides the protocol's own: `--header` values
+    /// and the API key.
+    pub fn request_headers(&self) -> Result<http::HeaderMap> {
+        let mut map = http::HeaderMap::new();
+        for h in &self.headers {
+            let (name, value) = h
+                .split_once(':')
+                .ok_or_else(|| anyhow!("--header {h:?}: expected `name: value`"))?;
+            let name = http::HeaderName::from_bytes(name.trim().as_bytes())
+                .map_err(|e| anyhow!("--header {h:?}: bad name: {e}"))?;
+            let mut value = http::HeaderValue::from_str(value.trim())
+                .map_err(|e| anyhow!("--header {name}: bad value: {e}"))?;
+            value.set_sensitive(true);
+            map.append(name, value);
+        }
+        if let Some(key) = &self.api_key {
+            if key.is_empty() {
+                bail!("--api-key: the key is empty");
+            }
+            let mut value = http::HeaderValue::from_str(key)
+                .map_err(|e| anyhow!("--api-key: not a valid header value: {e}"))?;
+            value.set_sensitive(true);
+            map.insert("api-key", value);
+        }
+        Ok(map)
+    }
+
     pub fn check(&self) -> Result<()> {
+        self.request_headers()?;
         let target = Target::parse(&self.target)?;
         let protocol = self.protocol.unwrap_or_else(|| target.default_protocol());
         self.client_provider
@@ -560,11 +616,12 @@ pub async fn execute(args: &RunArgs, stop: CancellationToken) -> Result<RunResul
 
     // Vectors and bodies first, outside any timing.
     let vectors = prepare_vectors(args, 8 * args.points_per_request).await?;
-    let connector = Arc::new(
-        Connector::new(target.clone(), protocol, tls, args.server_name.as_deref())
-            .await
-            .with_context(|| format!("--target {}", args.target))?,
-    );
+    let headers = args.request_headers()?;
+    let mut connector = Connector::new(target.clone(), protocol, tls, args.server_name.as_deref())
+        .await
+        .with_context(|| format!("--target {}", args.target))?;
+    connector.extra_headers = headers.clone();
+    let connector = Arc::new(connector);
     let nonce = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_millis() as u64)
@@ -576,13 +633,15 @@ pub async fn execute(args: &RunArgs, stop: CancellationToken) -> Result<RunResul
         wait: args.wait,
         json_decimals: args.json_decimals,
     };
-    let workload = Arc::new(Workload::build(
+    let mut workload = Workload::build(
         spec,
         &vectors,
         id_base_for_run(nonce),
         if target.tls { "https" } else { "http" },
         connector.authority().as_str(),
-    )?);
+    )?;
+    workload.extra_headers = headers;
+    let workload = Arc::new(workload);
 
     // The control connection also proves the target speaks TLS before any load starts.
     let mut admin = Admin::connect(&connector)

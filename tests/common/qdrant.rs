@@ -26,8 +26,18 @@ impl EmbeddedQdrant {
         )
     }
 
+    /// Starts the server on loopback port 0 with further flags (e.g. `--api-key`).
+    pub fn start_with(data: &Path, extra: &[&str]) -> Self {
+        let any: SocketAddr = "127.0.0.1:0".parse().expect("address");
+        Self::spawn(data, any, any, extra)
+    }
+
     /// Starts the server on these addresses (a restart on the ports it had).
     pub fn start_on(data: &Path, rest: SocketAddr, grpc: SocketAddr) -> Self {
+        Self::spawn(data, rest, grpc, &[])
+    }
+
+    fn spawn(data: &Path, rest: SocketAddr, grpc: SocketAddr, extra: &[&str]) -> Self {
         let dir = temp_dir("eq-run");
         let ready = dir.join("ready.json");
         let log = dir.join("embedded-qdrant.log");
@@ -40,6 +50,7 @@ impl EmbeddedQdrant {
             .arg(data)
             .arg("--ready-file")
             .arg(&ready)
+            .args(extra)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log).expect("log file"))

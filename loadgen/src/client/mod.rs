@@ -162,6 +162,8 @@ pub struct Connector {
     pub protocol: Protocol,
     tls: Option<(tokio_rustls::TlsConnector, ServerName<'static>)>,
     authority: ::http::uri::Authority,
+    /// Sent on every control-plane request too (API key, `--header`).
+    pub extra_headers: ::http::HeaderMap,
 }
 
 /// What a fresh connection cost.
@@ -197,6 +199,7 @@ impl Connector {
             protocol,
             tls,
             authority,
+            extra_headers: ::http::HeaderMap::new(),
         })
     }
 

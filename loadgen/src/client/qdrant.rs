@@ -174,6 +174,9 @@ impl<'a> Admin<'a> {
             .header(http::header::HOST, self.connector.authority().as_str())
             .header(http::header::CONTENT_TYPE, "application/json")
             .body(Full::new(Bytes::from(body.unwrap_or_default())))?;
+        let mut req = req;
+        req.headers_mut()
+            .extend(self.connector.extra_headers.clone());
         let Conn::H1 { sender, .. } = &mut self.conn else {
             bail!("REST call on an HTTP/2 connection");
         };
@@ -201,6 +204,9 @@ impl<'a> Admin<'a> {
             .header(http::header::TE, "trailers")
             .body(Full::new(Bytes::from(super::grpc_frame(&message))))
             .map_err(|e| GrpcError::Other(e.into()))?;
+        let mut req = req;
+        req.headers_mut()
+            .extend(self.connector.extra_headers.clone());
         let Conn::H2 { sender, .. } = &mut self.conn else {
             return Err(GrpcError::Other(anyhow!(
                 "gRPC call on an HTTP/1.1 connection"

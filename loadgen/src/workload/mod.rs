@@ -54,6 +54,8 @@ pub struct Workload {
     authority: Option<HeaderValue>,
     id_base: u64,
     pool: Arc<Mutex<Vec<Vec<u8>>>>,
+    /// On every request besides the protocol's own headers: API key, `--header`.
+    pub extra_headers: http::HeaderMap,
 }
 
 impl Workload {
@@ -105,6 +107,7 @@ impl Workload {
             authority,
             id_base,
             pool: Arc::new(Mutex::new(Vec::new())),
+            extra_headers: http::HeaderMap::new(),
         })
     }
 
@@ -170,6 +173,10 @@ impl Workload {
         *req.uri_mut() = self.uri.clone();
         req.headers_mut()
             .insert(http::header::CONTENT_TYPE, self.content_type.clone());
+        // Names and values are reference-counted: no copy of the bytes per request.
+        for (name, value) in &self.extra_headers {
+            req.headers_mut().append(name.clone(), value.clone());
+        }
         match self.spec.protocol {
             Protocol::Rest => {
                 *req.method_mut() = Method::PUT;

@@ -165,7 +165,31 @@ pub struct CompareArgs {
 
     /// Further `loadgen run` flags for every cell, after `--` (e.g. -- --dim 768 --wait false).
     #[arg(last = true)]
+    #[serde(serialize_with = "redact_run_args")]
     pub run_args: Vec<String>,
+}
+
+/// The `--` flags as recorded in compare-args.json: the values of `--api-key` and
+/// `--header` (credentials) replaced.
+fn redact_run_args<S: serde::Serializer>(v: &[String], s: S) -> Result<S::Ok, S::Error> {
+    use serde::ser::SerializeSeq;
+    let mut seq = s.serialize_seq(Some(v.len()))?;
+    let mut secret_next = false;
+    for a in v {
+        let shown = if secret_next {
+            "(redacted)".to_owned()
+        } else if let Some((flag, _)) = a
+            .split_once('=')
+            .filter(|(f, _)| matches!(*f, "--api-key" | "--header"))
+        {
+            format!("{flag}=(redacted)")
+        } else {
+            a.clone()
+        };
+        secret_next = matches!(a.as_str(), "--api-key" | "--header");
+        seq.serialize_element(&shown)?;
+    }
+    seq.end()
 }
 
 /// A cell that could not be measured.
@@ -730,5 +754,23 @@ mod tests {
         assert!(is_loopback_url("http://[::1]:9900"));
         assert!(!is_loopback_url("http://10.0.0.5:9900"));
         assert!(!is_loopback_url("http://proxy-host:9900"));
+    }
+
+    #[test]
+    fn credentials_among_the_run_flags_are_not_recorded() {
+        #[derive(serde::Serialize)]
+        struct Recorded(#[serde(serialize_with = "super::redact_run_args")] Vec<String>);
+        let flags = [
+            "--dim",
+            "768",
+            "--api-key",
+            "k",
+            "--header=authorization: Bearer t",
+        ];
+        let json = serde_json::to_string(&Recorded(flags.map(String::from).to_vec())).unwrap();
+        assert_eq!(
+            json,
+            r#"["--dim","768","--api-key","(redacted)","--header=(redacted)"]"#
+        );
     }
 }

@@ -287,6 +287,9 @@ async fn sighup_reloads_a_rotated_certificate_and_keeps_the_old_one_when_the_new
         cert.to_str().unwrap(),
         "--key",
         key.to_str().unwrap(),
+        // SIGHUP alone here; the file watch is tested below.
+        "--cert-watch-interval",
+        "0s",
     ]));
     let expiry = |text: &str| {
         metric_value(text, "proxy_tls_certificate_expiry_timestamp_seconds", &[])
@@ -345,4 +348,93 @@ async fn sighup_reloads_a_rotated_certificate_and_keeps_the_old_one_when_the_new
         "{log}"
     );
     get_ok(&mut sender, "old connection still serves").await;
+}
+
+/// Points `link` at `target` atomically, as Kubernetes rotates a mounted Secret: a new
+/// symlink beside it, renamed over it.
+fn swap_symlink(target: &str, link: &std::path::Path) {
+    let tmp = link.with_file_name("..data_tmp");
+    let _ = std::fs::remove_file(&tmp);
+    std::os::unix::fs::symlink(target, &tmp)
+        .unwrap_or_else(|e| panic!("symlink {} -> {target}: {e}", tmp.display()));
+    std::fs::rename(&tmp, link).unwrap();
+}
+
+/// No signal: a Secret volume's `..data` symlink swapped to a new certificate is in use
+/// within two seconds; a swap to a mismatched pair is refused (counted, logged, the old
+/// certificate kept), and the next good swap is taken again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replaced_certificate_files_are_reloaded_without_a_signal() {
+    let upstream = EchoUpstream::start();
+    let dir = temp_dir("cert-watch");
+    let (rsa_cert, rsa_key) = server_cert(CertAlgorithmName::Rsa2048);
+    let (ec_cert, ec_key) = server_cert(CertAlgorithmName::EcdsaP256);
+    // The layout kubelet writes: tls.crt -> ..data/tls.crt, ..data -> ..<timestamp>.
+    let version = |name: &str, cert: &std::path::Path, key: &std::path::Path| {
+        let d = dir.join(name);
+        std::fs::create_dir_all(&d).unwrap();
+        std::fs::copy(cert, d.join("tls.crt")).unwrap();
+        std::fs::copy(key, d.join("tls.key")).unwrap();
+    };
+    version("..v1", &rsa_cert, &rsa_key);
+    swap_symlink("..v1", &dir.join("..data"));
+    std::os::unix::fs::symlink("..data/tls.crt", dir.join("tls.crt")).unwrap();
+    std::os::unix::fs::symlink("..data/tls.key", dir.join("tls.key")).unwrap();
+    let proxy = ProxyProcess::start_raw(&args(&[
+        "--listen",
+        "127.0.0.1:0",
+        "--upstream",
+        &upstream.url(),
+        "--provider",
+        "aws-lc-rs",
+        "--cert",
+        dir.join("tls.crt").to_str().unwrap(),
+        "--key",
+        dir.join("tls.key").to_str().unwrap(),
+    ]));
+    let config = client_config(&ClientOpts {
+        alpn: vec![b"http/1.1".to_vec()],
+        ..Default::default()
+    });
+    let served = || async {
+        let tls = tls_connect(proxy.addr, config.clone()).await.unwrap();
+        tls.get_ref().1.peer_certificates().unwrap()[0].clone()
+    };
+    assert_eq!(served().await, first_cert(&rsa_cert));
+
+    let swapped = std::time::Instant::now();
+    version("..v2", &ec_cert, &ec_key);
+    swap_symlink("..v2", &dir.join("..data"));
+    proxy.wait_metric("proxy_tls_reloads_total", &[("outcome", "ok")], 1.0);
+    assert!(
+        swapped.elapsed() < std::time::Duration::from_millis(2500),
+        "reloaded {:?} after the swap",
+        swapped.elapsed()
+    );
+    assert_eq!(served().await, first_cert(&ec_cert));
+
+    // A mismatched pair: refused, counted and logged; the EC certificate stays.
+    version("..v3", &ec_cert, &rsa_key);
+    swap_symlink("..v3", &dir.join("..data"));
+    proxy.wait_metric("proxy_tls_reloads_total", &[("outcome", "error")], 1.0);
+    assert_eq!(served().await, first_cert(&ec_cert));
+    let log = std::fs::read_to_string(&proxy.log).unwrap();
+    assert!(
+        log.contains("certificate reload failed") && log.contains("file change"),
+        "{log}"
+    );
+
+    // The next good rotation is taken.
+    version("..v4", &rsa_cert, &rsa_key);
+    swap_symlink("..v4", &dir.join("..data"));
+    proxy.wait_metric("proxy_tls_reloads_total", &[("outcome", "ok")], 2.0);
+    assert_eq!(served().await, first_cert(&rsa_cert));
+    assert_eq!(
+        metric_value(
+            &proxy.metrics(),
+            "proxy_tls_reloads_total",
+            &[("outcome", "error")]
+        ),
+        Some(1.0)
+    );
 }

@@ -149,6 +149,10 @@ pub struct Overrides {
     /// How long in-flight requests may take to finish after SIGTERM.
     #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
     shutdown_grace: Option<Duration>,
+    /// How often certificate and key files are checked for replacement (0s: never; SIGHUP
+    /// still reloads).
+    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
+    cert_watch_interval: Option<Duration>,
     /// A connection that sends no request this long after its handshake is closed.
     #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
     first_request_timeout: Option<Duration>,
@@ -287,6 +291,9 @@ pub fn resolve(config_file: Option<&PathBuf>, o: &Overrides) -> Result<Config, C
     }
     if let Some(d) = o.idle_timeout {
         cfg.limits.idle_timeout = d;
+    }
+    if let Some(d) = o.cert_watch_interval {
+        cfg.cert_watch_interval = d;
     }
     if let Some(d) = o.shutdown_grace {
         cfg.limits.shutdown_grace = d;

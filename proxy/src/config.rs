@@ -105,6 +105,11 @@ pub struct Config {
     /// the peer's address and their Forwarded and X-Real-IP headers dropped.
     #[serde(default)]
     pub trusted_proxies: Vec<String>,
+    /// How often every listener's certificate and key files are checked for replacement
+    /// (cert-manager and ACME clients replace them in place, Kubernetes swaps a `..data`
+    /// symlink); a change reloads them as SIGHUP does. `0s` turns the watch off.
+    #[serde(default = "default_cert_watch_interval", with = "humantime_serde")]
+    pub cert_watch_interval: Duration,
     /// The admin listener (/metrics, /healthz, /readyz).
     #[serde(default)]
     pub admin: AdminConfig,
@@ -121,6 +126,11 @@ fn default_provider() -> ProviderName {
 }
 fn default_log_level() -> String {
     "info".to_owned()
+}
+/// One check a second: a replaced certificate is in use within two seconds, for the cost of
+/// two `stat` calls per listener a second.
+fn default_cert_watch_interval() -> Duration {
+    Duration::from_secs(1)
 }
 
 /// Where the handshake runs.

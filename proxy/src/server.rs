@@ -5,6 +5,7 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use prometheus::IntGauge;
 use tokio::net::{TcpListener, TcpSocket, TcpStream};
@@ -63,6 +64,7 @@ pub struct Proxy {
     metrics: Metrics,
     limits: Limits,
     pool: Option<HandshakePool>,
+    cert_watch_interval: Duration,
 }
 
 impl Proxy {
@@ -259,6 +261,7 @@ impl Proxy {
             metrics,
             limits: config.limits.clone(),
             pool,
+            cert_watch_interval: config.cert_watch_interval,
         })
     }
 
@@ -291,6 +294,13 @@ impl Proxy {
             admin_stop.clone(),
         ));
         tokio::spawn(reload_on_sighup(self.switch.clone(), admin_stop.clone()));
+        if !self.cert_watch_interval.is_zero() {
+            tokio::spawn(reload_on_file_change(
+                self.switch.clone(),
+                self.cert_watch_interval,
+                admin_stop.clone(),
+            ));
+        }
         let limit = Arc::new(Semaphore::new(self.limits.max_connections));
         let tracker = TaskTracker::new();
         let mut accept_loops = Vec::with_capacity(self.listeners.len());
@@ -354,17 +364,72 @@ async fn reload_on_sighup(switch: Arc<TlsSwitch>, stop: CancellationToken) {
             got = hangups.recv() => if got.is_none() { return },
         }
         let switch = switch.clone();
-        let outcomes = match tokio::task::spawn_blocking(move || switch.reload()).await {
-            Ok(o) => o,
-            Err(e) => {
-                tracing::error!(error = %e, "certificate reload panicked");
-                continue;
-            }
+        reload(switch, "SIGHUP").await;
+    }
+}
+
+/// Reloads every listener's certificate and key on a blocking thread (key loading and the
+/// signing proof are CPU work and file I/O); failures are logged and counted, and the old
+/// configuration stays.
+/// Returns whether every listener reloaded.
+async fn reload(switch: Arc<TlsSwitch>, trigger: &'static str) -> bool {
+    let outcomes = match tokio::task::spawn_blocking(move || switch.reload()).await {
+        Ok(o) => o,
+        Err(e) => {
+            tracing::error!(error = %e, trigger, "certificate reload panicked");
+            return false;
+        }
+    };
+    let mut all_ok = true;
+    for (listener, outcome) in outcomes {
+        if let Err(e) = outcome {
+            all_ok = false;
+            tracing::error!(%listener, error = %e, trigger, "certificate reload failed: the previous certificate stays in use");
+        }
+    }
+    all_ok
+}
+
+/// Certificate rotation without a signal: every `interval` the certificate and key files
+/// are stat'ed (following symlinks), and a change reloads them as SIGHUP does. Polling, not
+/// inotify: it sees a Kubernetes `..data` symlink swap and a file replaced by rename alike,
+/// costs two `stat` calls per listener per interval, and needs no watch to be re-armed
+/// after a rename. A pair caught half-written fails its reload (the old pair stays, logged
+/// and counted) and is reloaded again once the second file lands.
+async fn reload_on_file_change(
+    switch: Arc<TlsSwitch>,
+    interval: Duration,
+    stop: CancellationToken,
+) {
+    let stamps = |switch: &Arc<TlsSwitch>| {
+        let switch = switch.clone();
+        tokio::task::spawn_blocking(move || switch.file_stamps())
+    };
+    let Ok(mut seen) = stamps(&switch).await else {
+        return;
+    };
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tokio::time::sleep(interval) => {}
+        }
+        let Ok(now) = stamps(&switch).await else {
+            return;
         };
-        for (listener, outcome) in outcomes {
-            if let Err(e) = outcome {
-                tracing::error!(%listener, error = %e, "certificate reload failed: the previous certificate stays in use");
-            }
+        if now != seen {
+            tracing::info!("certificate or key file replaced: reloading");
+            seen = if reload(switch.clone(), "file change").await {
+                // Taken after the reload: an admin switch to other files during it would
+                // otherwise look like one more change.
+                match stamps(&switch).await {
+                    Ok(after) => after,
+                    Err(_) => return,
+                }
+            } else {
+                // A failed reload (a pair caught half-written) is tried again as soon as
+                // anything changes after what it read.
+                now
+            };
         }
     }
 }

@@ -25,6 +25,30 @@ use crate::crypto::ProviderName;
 use crate::metrics::{ListenerMetrics, Metrics};
 use crate::tls;
 
+/// One file's identity for change detection (see [`TlsSwitch::file_stamps`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum FileStamp {
+    /// Device, inode, size, modification time (ns since the epoch).
+    Present(u64, u64, u64, i128),
+    /// The file could not be read (mid-replacement, removed): the error's kind.
+    Missing(std::io::ErrorKind),
+}
+
+impl FileStamp {
+    fn of(path: &std::path::Path) -> Self {
+        use std::os::unix::fs::MetadataExt;
+        match std::fs::metadata(path) {
+            Ok(m) => Self::Present(
+                m.dev(),
+                m.ino(),
+                m.len(),
+                i128::from(m.mtime()) * 1_000_000_000 + i128::from(m.mtime_nsec()),
+            ),
+            Err(e) => Self::Missing(e.kind()),
+        }
+    }
+}
+
 /// What a listener handshakes with right now.
 pub struct ListenerTls {
     /// The rustls configuration.
@@ -176,6 +200,21 @@ impl TlsSwitch {
         }
         let _one_at_a_time = self.changing.lock().unwrap_or_else(|p| p.into_inner());
         self.install(req, "TLS configuration switched")
+    }
+
+    /// What the certificate and key files of every listener are right now, as far as a
+    /// replacement shows: each path followed through its symlinks (Kubernetes swaps a
+    /// `..data` link) to the file's device, inode, size and modification time, or the error
+    /// reading them. Two equal stamps mean nothing was replaced in between.
+    pub fn file_stamps(&self) -> Vec<FileStamp> {
+        self.listeners
+            .iter()
+            .flat_map(|l| {
+                let current = l.current();
+                [current.cert.clone(), current.key.clone()]
+            })
+            .map(|path| FileStamp::of(&path))
+            .collect()
     }
 
     /// Reads every listener's certificate and key again from the same files, with the same

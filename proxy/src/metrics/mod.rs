@@ -170,7 +170,7 @@ impl Metrics {
         let tls_reloads = IntCounterVec::new(
             Opts::new(
                 "proxy_tls_reloads_total",
-                "Certificate and key reloads on SIGHUP, by listener and outcome (ok, error: the previous configuration stays).",
+                "Certificate and key reloads (on SIGHUP, or when the files are replaced), by listener and outcome (ok, error: the previous configuration stays).",
             ),
             &["listener", "outcome"],
         )

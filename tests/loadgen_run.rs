@@ -48,8 +48,13 @@ struct Stack {
 }
 
 fn stack() -> Stack {
+    stack_with(&[])
+}
+
+/// The stack with further embedded-qdrant flags (e.g. `--api-key`).
+fn stack_with(qdrant_flags: &[&str]) -> Stack {
     let data = temp_dir("lg-data");
-    let qdrant = EmbeddedQdrant::start(&data);
+    let qdrant = EmbeddedQdrant::start_with(&data, qdrant_flags);
     let rest = ProxyProcess::start(
         &format!("http://{}", qdrant.rest),
         ProviderName::AwsLcRs,
@@ -759,8 +764,7 @@ fn bad_values_are_refused_before_anything_is_changed() {
 #[test]
 fn api_keys_reach_qdrant_through_the_proxy_and_stay_out_of_the_result() {
     const KEY: &str = "k3y-for-the-test-0123456789";
-    let data = temp_dir("lg-key-data");
-    let qdrant = EmbeddedQdrant::start_with(&data, &["--api-key", KEY]);
+    let Stack { qdrant, rest, grpc } = stack_with(&["--api-key", KEY]);
     let (code, body) = http_raw(qdrant.rest, "GET", "/collections", &[], "");
     assert_eq!(code, 401, "{body}");
     assert!(body.contains("Must provide an API key"), "{body}");
@@ -774,18 +778,6 @@ fn api_keys_reach_qdrant_through_the_proxy_and_stay_out_of_the_result() {
     let (code, body) = http_raw(qdrant.rest, "GET", "/collections", &[&bearer_line], "");
     assert_eq!(code, 200, "{body}");
 
-    let rest = ProxyProcess::start(
-        &format!("http://{}", qdrant.rest),
-        ProviderName::AwsLcRs,
-        CertAlgorithmName::EcdsaP256,
-        &[],
-    );
-    let grpc = ProxyProcess::start(
-        &format!("http://{}", qdrant.grpc),
-        ProviderName::AwsLcRs,
-        CertAlgorithmName::EcdsaP256,
-        &["--upstream-protocol", "h2c"],
-    );
     let dir = temp_dir("lg-key");
     for (proxy, protocol) in [(&rest, "rest"), (&grpc, "grpc")] {
         let target = format!("localhost:{}", proxy.addr.port());

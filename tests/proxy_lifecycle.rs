@@ -136,3 +136,39 @@ async fn sigterm_drains_in_flight_requests_and_exits_zero() {
     // The listener is closed after exit: new connections are refused.
     assert!(std::net::TcpStream::connect(addr).is_err());
 }
+
+/// `--log-format json`: every line the proxy writes is one JSON object, with the level,
+/// the message and the event's fields beside it (what log shippers index).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn json_logs_are_one_object_per_line() {
+    let upstream = EchoUpstream::start();
+    let proxy = ProxyProcess::start(
+        &upstream.url(),
+        ProviderName::AwsLcRs,
+        CertAlgorithmName::EcdsaP256,
+        &["--log-format", "json"],
+    );
+    let a = request_bounded(
+        proxy.addr,
+        client_config(&ClientOpts::default()),
+        "GET",
+        "/",
+        &[],
+        Bytes::new(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(a.status, 200);
+    let log = proxy.log_text();
+    let lines: Vec<serde_json::Value> = log
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
+        .collect();
+    let ready = lines
+        .iter()
+        .find(|v| v["message"] == "listener ready")
+        .unwrap_or_else(|| panic!("no listener-ready line: {log}"));
+    assert_eq!(ready["level"], "INFO", "{ready}");
+    assert_eq!(ready["provider"], "aws-lc-rs", "{ready}");
+    assert!(ready["timestamp"].is_string(), "{ready}");
+}

@@ -178,6 +178,9 @@ pub struct Overrides {
     /// Log filter (overridden by RUST_LOG): error, warn, info, debug, trace.
     #[arg(long, value_name = "LEVEL")]
     log_level: Option<String>,
+    /// Log lines as text (the default) or JSON, one object per line (for log shippers).
+    #[arg(long, value_enum)]
+    log_format: Option<crate::config::LogFormat>,
 }
 
 fn parse_on_off(s: &str) -> Result<bool, String> {
@@ -248,6 +251,9 @@ pub fn resolve(config_file: Option<&PathBuf>, o: &Overrides) -> Result<Config, C
     }
     if let Some(l) = &o.log_level {
         cfg.log_level = l.clone();
+    }
+    if let Some(f) = o.log_format {
+        cfg.log_format = f;
     }
     if let Some(n) = o.worker_threads {
         cfg.worker_threads = n;
@@ -421,15 +427,21 @@ pub fn resolve(config_file: Option<&PathBuf>, o: &Overrides) -> Result<Config, C
     Ok(cfg)
 }
 
-fn init_logging(level: &str) {
+fn init_logging(level: &str, format: crate::config::LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level));
-    tracing_subscriber::fmt()
+    let logs = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
-        .with_target(false)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
+        .with_target(false);
+    match format {
+        crate::config::LogFormat::Text => logs
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .init(),
+        // One JSON object per line: time, level, the event's fields flattened beside the
+        // message, and its span.
+        crate::config::LogFormat::Json => logs.json().flatten_event(true).init(),
+    }
 }
 
 fn run(args: RunArgs) -> ExitCode {
@@ -440,7 +452,7 @@ fn run(args: RunArgs) -> ExitCode {
     if let Err(e) = config.validate() {
         return fail(2, &e);
     }
-    init_logging(&config.log_level);
+    init_logging(&config.log_level, config.log_format);
     let mut rt = tokio::runtime::Builder::new_multi_thread();
     rt.enable_all().thread_name("proxy-worker");
     if config.worker_threads > 0 {

@@ -90,6 +90,9 @@ pub struct Config {
     /// Log filter (tracing EnvFilter syntax); RUST_LOG wins when set.
     #[serde(default = "default_log_level")]
     pub log_level: String,
+    /// Log lines as text or as JSON objects, one per line.
+    #[serde(default)]
+    pub log_format: LogFormat,
     /// Reactor worker threads; 0 means one per CPU.
     #[serde(default)]
     pub worker_threads: usize,
@@ -119,6 +122,17 @@ pub struct Config {
     /// Client-facing listeners.
     #[serde(default, rename = "listener")]
     pub listeners: Vec<ListenerConfig>,
+}
+
+/// How log lines are written.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// Human-readable lines.
+    #[default]
+    Text,
+    /// One JSON object per line (time, level, fields, message).
+    Json,
 }
 
 fn default_provider() -> ProviderName {

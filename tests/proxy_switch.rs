@@ -406,8 +406,11 @@ async fn replaced_certificate_files_are_reloaded_without_a_signal() {
     version("..v2", &ec_cert, &ec_key);
     swap_symlink("..v2", &dir.join("..data"));
     proxy.wait_metric("proxy_tls_reloads_total", &[("outcome", "ok")], 1.0);
+    // The default 1 s watch: the change is seen at the next tick and reloaded at once. The
+    // bound allows a slow reload on a loaded machine; a watch that missed the change or
+    // polled far more slowly would exceed it.
     assert!(
-        swapped.elapsed() < std::time::Duration::from_millis(2500),
+        swapped.elapsed() < std::time::Duration::from_secs(3),
         "reloaded {:?} after the swap",
         swapped.elapsed()
     );

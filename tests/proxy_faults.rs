@@ -95,16 +95,7 @@ async fn bad_clients_and_slow_upstream_do_not_disturb_a_good_client() {
     assert_eq!(a.status, 431);
 
     // 5. A slow upstream: 504 with Qdrant's error shape.
-    let a = request_bounded(
-        addr,
-        client_config(&ClientOpts::default()),
-        "GET",
-        "/slow/3000",
-        &[],
-        Bytes::new(),
-    )
-    .await
-    .unwrap();
+    let a = get(addr, "/slow/3000").await.unwrap();
     assert_eq!(a.status, 504);
     let j = a.json();
     assert!(
@@ -202,17 +193,7 @@ async fn beyond_max_connections_new_connections_wait_instead_of_failing() {
     let holder = TcpStream::connect(proxy.addr).await.unwrap();
     proxy.wait_metric("proxy_active_connections", &[], 1.0);
     let addr = proxy.addr;
-    let waiting = tokio::spawn(async move {
-        request_bounded(
-            addr,
-            client_config(&ClientOpts::default()),
-            "GET",
-            "/queued",
-            &[],
-            Bytes::new(),
-        )
-        .await
-    });
+    let waiting = tokio::spawn(async move { get(addr, "/queued").await });
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert!(
         !waiting.is_finished(),

@@ -1083,16 +1083,9 @@ async fn http2_floods_stay_stopped() {
             "{name}: the connection is neither closed nor told to go away: {seen:?}"
         );
         assert_eq!(upstream.accepted(), before, "{name} reached the upstream");
-        let a = request_bounded(
-            proxy.addr,
-            client_config(&ClientOpts::default()),
-            "GET",
-            "/",
-            &[],
-            Bytes::new(),
-        )
-        .await
-        .unwrap_or_else(|e| panic!("after the {name}, a good client failed: {e}"));
+        let a = get(proxy.addr, "/")
+            .await
+            .unwrap_or_else(|e| panic!("after the {name}, a good client failed: {e}"));
         assert_eq!(a.status, 200, "after the {name}");
     }
     let growth = proxy_rss(&proxy).saturating_sub(rss_before);

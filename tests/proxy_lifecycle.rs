@@ -148,16 +148,7 @@ async fn json_logs_are_one_object_per_line() {
         CertAlgorithmName::EcdsaP256,
         &["--log-format", "json"],
     );
-    let a = request_bounded(
-        proxy.addr,
-        client_config(&ClientOpts::default()),
-        "GET",
-        "/",
-        &[],
-        Bytes::new(),
-    )
-    .await
-    .unwrap();
+    let a = get(proxy.addr, "/").await.unwrap();
     assert_eq!(a.status, 200);
     let log = proxy.log_text();
     let lines: Vec<serde_json::Value> = log

@@ -182,16 +182,7 @@ async fn software_fallback_only_when_configured_and_then_visible() {
             "/nonexistent-sysfs",
         ],
     );
-    let a = request_bounded(
-        proxy.addr,
-        client_config(&ClientOpts::default()),
-        "GET",
-        "/",
-        &[],
-        Bytes::new(),
-    )
-    .await
-    .unwrap();
+    let a = get(proxy.addr, "/").await.unwrap();
     assert_eq!(a.status, 200);
     let m = proxy.metrics();
     assert_eq!(

@@ -260,6 +260,30 @@ fn not_after(cert: &std::path::Path) -> f64 {
         .unwrap_or_else(|_| panic!("notAfter of {}: {out:?}", cert.display()))
 }
 
+/// A proxy (aws-lc-rs) serving the certificate and key at these paths, so that tests can
+/// replace them underneath it.
+fn proxy_on_files(
+    upstream: &EchoUpstream,
+    cert: &std::path::Path,
+    key: &std::path::Path,
+    extra: &[&str],
+) -> ProxyProcess {
+    let mut flags = args(&[
+        "--listen",
+        "127.0.0.1:0",
+        "--upstream",
+        &upstream.url(),
+        "--provider",
+        "aws-lc-rs",
+        "--cert",
+        cert.to_str().unwrap(),
+        "--key",
+        key.to_str().unwrap(),
+    ]);
+    flags.extend(args(extra));
+    ProxyProcess::start_raw(&flags)
+}
+
 /// Replaces `dest` the way certificate managers do: write beside it, then rename over it.
 fn install_file(src: &std::path::Path, dest: &std::path::Path) {
     let tmp = dest.with_extension("new");
@@ -276,21 +300,8 @@ async fn sighup_reloads_a_rotated_certificate_and_keeps_the_old_one_when_the_new
     let (ec_cert, ec_key) = server_cert(CertAlgorithmName::EcdsaP256);
     install_file(&rsa_cert, &cert);
     install_file(&rsa_key, &key);
-    let proxy = ProxyProcess::start_raw(&args(&[
-        "--listen",
-        "127.0.0.1:0",
-        "--upstream",
-        &upstream.url(),
-        "--provider",
-        "aws-lc-rs",
-        "--cert",
-        cert.to_str().unwrap(),
-        "--key",
-        key.to_str().unwrap(),
-        // SIGHUP alone here; the file watch is tested below.
-        "--cert-watch-interval",
-        "0s",
-    ]));
+    // SIGHUP alone here; the file watch is tested below.
+    let proxy = proxy_on_files(&upstream, &cert, &key, &["--cert-watch-interval", "0s"]);
     let expiry = |text: &str| {
         metric_value(text, "proxy_tls_certificate_expiry_timestamp_seconds", &[])
             .unwrap_or_else(|| panic!("no expiry metric: {text}"))
@@ -380,18 +391,7 @@ async fn replaced_certificate_files_are_reloaded_without_a_signal() {
     swap_symlink("..v1", &dir.join("..data"));
     std::os::unix::fs::symlink("..data/tls.crt", dir.join("tls.crt")).unwrap();
     std::os::unix::fs::symlink("..data/tls.key", dir.join("tls.key")).unwrap();
-    let proxy = ProxyProcess::start_raw(&args(&[
-        "--listen",
-        "127.0.0.1:0",
-        "--upstream",
-        &upstream.url(),
-        "--provider",
-        "aws-lc-rs",
-        "--cert",
-        dir.join("tls.crt").to_str().unwrap(),
-        "--key",
-        dir.join("tls.key").to_str().unwrap(),
-    ]));
+    let proxy = proxy_on_files(&upstream, &dir.join("tls.crt"), &dir.join("tls.key"), &[]);
     let config = client_config(&ClientOpts {
         alpn: vec![b"http/1.1".to_vec()],
         ..Default::default()

@@ -130,16 +130,7 @@ async fn qat_sw_signs_concurrent_handshakes_in_batches_and_leaves_the_record_lay
         // One handshake alone: signed in software, not parked waiting for a batch.
         let sync_before = metric_sum(&m, "proxy_qat_signatures_total", &[("outcome", "software")]);
         let started = Instant::now();
-        let a = request_bounded(
-            proxy.addr,
-            client_config(&ClientOpts::default()),
-            "GET",
-            "/alone",
-            &[],
-            Bytes::new(),
-        )
-        .await
-        .unwrap();
+        let a = get(proxy.addr, "/alone").await.unwrap();
         assert_eq!(a.status, 200);
         let m = proxy.metrics();
         assert_eq!(

@@ -176,7 +176,6 @@ impl Proxy {
                     config: tls_config,
                     metrics: lm.clone(),
                     provider: provider_name,
-                    waits_for_signer: provider_name == crate::crypto::ProviderName::OpensslQat,
                     algorithm: cert.algorithm.label(),
                     cert: lc.cert.clone(),
                     key: lc.key.clone(),
@@ -578,7 +577,7 @@ async fn handle_connection(
             io,
             current.config.clone(),
             &ctx.offload,
-            current.waits_for_signer,
+            current.waits_for_signer(),
         )),
     )
     .await;

@@ -57,14 +57,19 @@ pub struct ListenerTls {
     pub metrics: ListenerMetrics,
     /// The provider in effect.
     pub provider: ProviderName,
-    /// Handshakes wait for the asynchronous QAT signer (openssl-qat in effect).
-    pub waits_for_signer: bool,
     /// The certificate's algorithm label.
     pub algorithm: &'static str,
     /// Where the certificate chain was read from (what a reload reads again).
     pub cert: PathBuf,
     /// Where the private key was read from.
     pub key: PathBuf,
+}
+
+impl ListenerTls {
+    /// Handshakes wait for the asynchronous QAT signer (openssl-qat in effect).
+    pub fn waits_for_signer(&self) -> bool {
+        self.provider == ProviderName::OpensslQat
+    }
 }
 
 /// One listener's switchable TLS state and what a rebuild needs.
@@ -296,7 +301,6 @@ impl TlsSwitch {
                 config,
                 metrics,
                 provider: provider.name(),
-                waits_for_signer: provider.name() == ProviderName::OpensslQat,
                 algorithm,
                 cert: req.cert.clone(),
                 key: req.key.clone(),

@@ -142,6 +142,20 @@ pub async fn request(
     })
 }
 
+/// A GET on a new connection with the default client (TLS 1.3 or 1.2, h2 or HTTP/1.1 by
+/// ALPN, no resumption), bounded in time.
+pub async fn get(addr: SocketAddr, path: &str) -> Result<Answer, String> {
+    request_bounded(
+        addr,
+        client_config(&ClientOpts::default()),
+        "GET",
+        path,
+        &[],
+        Bytes::new(),
+    )
+    .await
+}
+
 /// `request` with a time bound.
 pub async fn request_bounded(
     addr: SocketAddr,

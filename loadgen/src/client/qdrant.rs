@@ -168,13 +168,12 @@ impl<'a> Admin<'a> {
         path: &str,
         body: Option<String>,
     ) -> Result<(u16, String)> {
-        let req = Request::builder()
+        let mut req = Request::builder()
             .method(method)
             .uri(path)
             .header(http::header::HOST, self.connector.authority().as_str())
             .header(http::header::CONTENT_TYPE, "application/json")
             .body(Full::new(Bytes::from(body.unwrap_or_default())))?;
-        let mut req = req;
         req.headers_mut()
             .extend(self.connector.extra_headers.clone());
         let Conn::H1 { sender, .. } = &mut self.conn else {
@@ -188,7 +187,7 @@ impl<'a> Admin<'a> {
     }
 
     async fn grpc(&mut self, path: &str, message: Vec<u8>) -> Result<Bytes, GrpcError> {
-        let req = Request::builder()
+        let mut req = Request::builder()
             .method(Method::POST)
             .uri(format!(
                 "{}://{}{path}",
@@ -204,7 +203,6 @@ impl<'a> Admin<'a> {
             .header(http::header::TE, "trailers")
             .body(Full::new(Bytes::from(super::grpc_frame(&message))))
             .map_err(|e| GrpcError::Other(e.into()))?;
-        let mut req = req;
         req.headers_mut()
             .extend(self.connector.extra_headers.clone());
         let Conn::H2 { sender, .. } = &mut self.conn else {

@@ -379,12 +379,17 @@ fn load_with_settings(cfg: &QatConfig, module_file: Option<&Path>) -> Result<(),
     {
         use std::io::Write;
         use std::os::unix::fs::OpenOptionsExt;
-        let mut file = std::fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(0o600)
-            .open(&path)
+        // O_EXCL: never write through a file or symlink someone else put at this name in a
+        // shared temporary directory; a stale one of ours (a reused pid) is removed first.
+        let create = || {
+            std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .open(&path)
+        };
+        let mut file = create()
+            .or_else(|_| std::fs::remove_file(&path).and_then(|()| create()))
             .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
         file.write_all(text.as_bytes())
             .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
@@ -498,12 +503,13 @@ impl QatState {
                 "start-up proof: the signer returned no signature".to_owned(),
             ));
         };
-        if signed.provider != self.name {
+        let signature_provider = signed.provider.name();
+        if signature_provider != self.name {
             return Err(QatError(format!(
                 "start-up proof failed: a {operation} signature with {} was fetched from OpenSSL provider {:?}, \
                  not {:?} (property query {:?}); the provider does not implement it, so nothing would be offloaded",
                 key_path.display(),
-                signed.provider,
+                signature_provider,
                 self.name,
                 self.property_query
             )));
@@ -531,7 +537,7 @@ impl QatState {
         }
         Ok(SigningProof {
             operation,
-            signature_provider: signed.provider,
+            signature_provider,
             signature_len: signed.signature.len(),
             batch: self.signer.batch(),
         })

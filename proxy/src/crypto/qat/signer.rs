@@ -124,9 +124,32 @@ pub struct Signed {
     /// offloading does (qat_sw switched off for the CPU, no QAT device).
     pub paused: bool,
     /// The provider the signature operation was fetched from.
-    pub provider: String,
+    pub provider: ProviderRef,
     /// Signed by OpenSSL's default provider on purpose (low load), not through QAT.
     pub in_software: bool,
+}
+
+/// The provider an operation was fetched from, kept as OpenSSL's handle so that a
+/// handshake's signature costs no string; [`name`](Self::name) when it is wanted.
+#[derive(Clone, Copy, Debug)]
+pub struct ProviderRef(*const sys::OSSL_PROVIDER);
+
+// SAFETY: a pointer to a provider OpenSSL keeps loaded for the life of the process; it is
+// only read (its name), never freed.
+unsafe impl Send for ProviderRef {}
+
+impl ProviderRef {
+    /// The provider's name, or "(not fetched)".
+    pub fn name(&self) -> String {
+        if self.0.is_null() {
+            return "(not fetched)".to_owned();
+        }
+        // SAFETY: a live provider handle from OpenSSL; the name is a NUL-terminated string
+        // the provider owns for the life of the process.
+        unsafe { CStr::from_ptr(OSSL_PROVIDER_get0_name(self.0)) }
+            .to_string_lossy()
+            .into_owned()
+    }
 }
 
 /// Why a signature failed.
@@ -190,11 +213,9 @@ struct Request {
     padding: Padding,
     message: Vec<u8>,
     property_query: Arc<CString>,
-    /// Sign with OpenSSL's defaults (the default provider) instead of `property_query`.
-    in_software: bool,
     // Filled in by the job.
     signature: Vec<u8>,
-    provider: *const sys::OSSL_PROVIDER,
+    provider: ProviderRef,
     error: Option<String>,
     reply: mpsc::SyncSender<Answer>,
 }
@@ -203,10 +224,6 @@ struct Request {
 enum Answer {
     Done(Result<Signed, SignError>),
 }
-
-// SAFETY: the only non-Send field is `provider`, a pointer to a provider OpenSSL keeps
-// loaded for the life of the process; it is read, never freed.
-unsafe impl Send for Request {}
 
 enum Message {
     /// A handshake's signature, for the provider.
@@ -302,15 +319,16 @@ impl AsyncSigner {
         padding: Padding,
         message: &[u8],
     ) -> Result<Signed, SignError> {
-        let (mut request, answer) = self.request(key, digest, padding, message);
         self.stats.in_flight.fetch_add(1, Ordering::Relaxed);
         let outcome = if !MAY_WAIT_FOR_BATCH.get() || (self.batch > 1 && !self.batches_fill()) {
-            request.in_software = true;
-            sign_here(&mut request)
-        } else if self.tx.send(Message::Sign(request)).is_err() {
-            Err(SignError::Signer("its thread has exited"))
+            sign_in_software(key, digest, padding, message)
         } else {
-            wait(&answer)
+            let (request, answer) = self.request(key, digest, padding, message);
+            if self.tx.send(Message::Sign(request)).is_err() {
+                Err(SignError::Signer("its thread has exited"))
+            } else {
+                wait(&answer)
+            }
         };
         self.stats.in_flight.fetch_sub(1, Ordering::Relaxed);
         self.count(&outcome);
@@ -356,9 +374,8 @@ impl AsyncSigner {
             padding,
             message: message.to_vec(),
             property_query: self.property_query.clone(),
-            in_software: false,
             signature: Vec::new(),
-            provider: ptr::null(),
+            provider: ProviderRef(ptr::null()),
             error: None,
             reply,
         });
@@ -376,7 +393,7 @@ impl AsyncSigner {
     }
 }
 
-/// Waits for the signer's answer; a flushed request is signed here, synchronously.
+/// Waits for the signer's answer.
 fn wait(answer: &mpsc::Receiver<Answer>) -> Result<Signed, SignError> {
     match answer.recv_timeout(SIGN_TIMEOUT) {
         Ok(Answer::Done(result)) => result,
@@ -386,16 +403,26 @@ fn wait(answer: &mpsc::Receiver<Answer>) -> Result<Signed, SignError> {
 
 /// Signs synchronously on the calling thread, with OpenSSL's default provider: a lone
 /// signature gains nothing from qat_sw (it computes eight lanes for one), and its own
-/// software path costs more than OpenSSL's.
-fn sign_here(request: &mut Box<Request>) -> Result<Signed, SignError> {
-    let ok = match sign_in_job(request) {
-        Ok(()) => true,
-        Err(e) => {
-            request.error = Some(e);
-            false
-        }
-    };
-    result_of(request, false, ok)
+/// software path costs more than OpenSSL's. Nothing is copied or queued.
+fn sign_in_software(
+    key: &PKey<Private>,
+    digest: &CStr,
+    padding: Padding,
+    message: &[u8],
+) -> Result<Signed, SignError> {
+    let mut signature = Vec::new();
+    match digest_sign(key, digest, padding, None, message, &mut signature) {
+        Ok(provider) => Ok(Signed {
+            signature,
+            paused: false,
+            provider,
+            in_software: true,
+        }),
+        Err((provider, reason)) => Err(SignError::Provider {
+            provider: provider.name(),
+            reason,
+        }),
+    }
 }
 
 /// What the provider's callback needs to wake a slot: where to send, which slot. One per
@@ -611,49 +638,59 @@ fn finish(mut request: Box<Request>, paused: bool, ok: bool) {
 
 /// Takes the outcome out of a finished request.
 fn result_of(request: &mut Request, paused: bool, ok: bool) -> Result<Signed, SignError> {
-    let provider = provider_name(request.provider);
     match (ok, request.error.take()) {
         (true, None) => Ok(Signed {
-            in_software: request.in_software,
+            in_software: false,
             signature: std::mem::take(&mut request.signature),
             paused,
-            provider,
+            provider: request.provider,
         }),
         (_, error) => Err(SignError::Provider {
-            provider,
+            provider: request.provider.name(),
             reason: error.unwrap_or_else(|| "no further detail from OpenSSL".to_owned()),
         }),
     }
 }
 
-fn provider_name(prov: *const sys::OSSL_PROVIDER) -> String {
-    if prov.is_null() {
-        return "(not fetched)".to_owned();
-    }
-    // SAFETY: a live provider handle from OpenSSL; the name is a NUL-terminated string the
-    // provider owns for the life of the process.
-    unsafe { CStr::from_ptr(OSSL_PROVIDER_get0_name(prov)) }
-        .to_string_lossy()
-        .into_owned()
-}
-
-/// The job body (also called outside any job for a flushed request): one EVP_DigestSign with the signature fetched per the property query.
-/// Runs on the signer thread's ASYNC fibre; the provider pauses it while the request is in
-/// the batch.
+/// The job body: one EVP_DigestSign with the signature fetched per the request's property
+/// query. Runs on the signer thread's ASYNC fibre; the provider pauses it while the
+/// request is in the batch.
 extern "C" fn sign_job(arg: *mut c_void) -> c_int {
     // SAFETY: `arg` points at the copy OpenSSL made of the `*mut Request` passed to
     // ASYNC_start_job; the request outlives the job (see `SignerThread::step`).
     let request = unsafe { &mut **(arg as *mut *mut Request) };
-    match sign_in_job(request) {
-        Ok(()) => 1,
-        Err(e) => {
+    let outcome = digest_sign(
+        &request.key,
+        request.digest,
+        request.padding,
+        Some(&request.property_query),
+        &request.message,
+        &mut request.signature,
+    );
+    match outcome {
+        Ok(provider) => {
+            request.provider = provider;
+            1
+        }
+        Err((provider, e)) => {
+            request.provider = provider;
             request.error = Some(e);
             0
         }
     }
 }
 
-fn sign_in_job(request: &mut Request) -> Result<(), String> {
+/// One `EVP_DigestSign` into `signature`, the signature fetched with `property_query`
+/// (`None`: OpenSSL's defaults). Returns the provider it was fetched from; on failure also
+/// OpenSSL's errors.
+fn digest_sign(
+    key: &PKey<Private>,
+    digest: &CStr,
+    padding: Padding,
+    property_query: Option<&CStr>,
+    message: &[u8],
+    signature: &mut Vec<u8>,
+) -> Result<ProviderRef, (ProviderRef, String)> {
     struct MdCtx(*mut sys::EVP_MD_CTX);
     impl Drop for MdCtx {
         fn drop(&mut self) {
@@ -661,33 +698,30 @@ fn sign_in_job(request: &mut Request) -> Result<(), String> {
             unsafe { sys::EVP_MD_CTX_free(self.0) }
         }
     }
-    // SAFETY: every pointer is created and freed here or owned by `request`, which outlives
-    // the call; return codes are checked before results are used.
+    let mut provider = ProviderRef(ptr::null());
+    // SAFETY: every pointer is created and freed here or borrowed for the call; return
+    // codes are checked before results are used.
     unsafe {
         let md = MdCtx(sys::EVP_MD_CTX_new());
         if md.0.is_null() {
-            return Err(super::ffi::openssl_errors());
+            return Err((provider, super::ffi::openssl_errors()));
         }
         let mut pctx: *mut sys::EVP_PKEY_CTX = ptr::null_mut();
         if EVP_DigestSignInit_ex(
             md.0,
             &mut pctx,
-            request.digest.as_ptr(),
+            digest.as_ptr(),
             ptr::null_mut(),
-            if request.in_software {
-                ptr::null()
-            } else {
-                request.property_query.as_ptr()
-            },
-            request.key.as_ptr(),
+            property_query.map_or(ptr::null(), CStr::as_ptr),
+            key.as_ptr(),
             ptr::null(),
         ) != 1
             || pctx.is_null()
         {
-            return Err(super::ffi::openssl_errors());
+            return Err((provider, super::ffi::openssl_errors()));
         }
-        request.provider = EVP_PKEY_CTX_get0_provider(pctx);
-        let padded = match request.padding {
+        provider = ProviderRef(EVP_PKEY_CTX_get0_provider(pctx));
+        let padded = match padding {
             Padding::None => true,
             Padding::Pkcs1 => sys::EVP_PKEY_CTX_set_rsa_padding(pctx, sys::RSA_PKCS1_PADDING) == 1,
             Padding::Pss => {
@@ -697,21 +731,21 @@ fn sign_in_job(request: &mut Request) -> Result<(), String> {
             }
         };
         if !padded {
-            return Err(super::ffi::openssl_errors());
+            return Err((provider, super::ffi::openssl_errors()));
         }
-        let mut len = request.key.size();
-        request.signature.resize(len, 0);
+        let mut len = key.size();
+        signature.resize(len, 0);
         if sys::EVP_DigestSign(
             md.0,
-            request.signature.as_mut_ptr(),
+            signature.as_mut_ptr(),
             &mut len,
-            request.message.as_ptr(),
-            request.message.len(),
+            message.as_ptr(),
+            message.len(),
         ) != 1
         {
-            return Err(super::ffi::openssl_errors());
+            return Err((provider, super::ffi::openssl_errors()));
         }
-        request.signature.truncate(len);
+        signature.truncate(len);
     }
-    Ok(())
+    Ok(provider)
 }

@@ -113,8 +113,15 @@ async fn run(args: Args) -> anyhow::Result<()> {
     // One UPSERT_100 of 1024-d vectors is ~450 KB of protobuf; allow large batches.
     const MAX_GRPC_MESSAGE: usize = 256 * 1024 * 1024;
     let grpc_shutdown = shutdown.clone();
+    // grpc.health.v1.Health, which load balancers and the proxy's health checks ask; like
+    // Qdrant's own checks it needs no key.
+    let (health, health_service) = tonic_health::server::health_reporter();
+    health
+        .set_service_status("", tonic_health::ServingStatus::Serving)
+        .await;
     let grpc_task = tokio::spawn(
         tonic::transport::Server::builder()
+            .add_service(health_service)
             // Qdrant's own service (health check, version) needs no key, as in Qdrant.
             .add_service(
                 qdrant_client::qdrant::qdrant_server::QdrantServer::new(service.clone())
@@ -151,6 +158,9 @@ async fn run(args: Args) -> anyhow::Result<()> {
         signal,
         "shutting down: finishing requests and flushing collections"
     );
+    health
+        .set_service_status("", tonic_health::ServingStatus::NotServing)
+        .await;
     shutdown.cancel();
     let _ = rest_task.await;
     let _ = grpc_task.await;

@@ -11,8 +11,8 @@ use clap::{Args, Parser, Subcommand};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{
-    Config, ConfigError, HandshakeOffload, ListenerConfig, ListenerMode, TlsPolicy, TlsVersion,
-    UpstreamProtocol,
+    Balance, Config, ConfigError, HandshakeOffload, HealthCheckConfig, HealthCheckKind,
+    ListenerConfig, ListenerMode, TlsPolicy, TlsVersion, UpstreamProtocol,
 };
 use crate::crypto::{generate_cert_set, CertAlgorithmName, KxGroupName, ProviderName};
 use crate::server::{write_ready_file, Proxy};
@@ -57,9 +57,18 @@ pub struct Overrides {
     /// Listener name in logs and metrics.
     #[arg(long)]
     name: Option<String>,
-    /// Upstream URL (e.g. http://127.0.0.1:6333).
+    /// Upstream URL (e.g. http://127.0.0.1:6333); repeat it for several nodes.
     #[arg(long, value_name = "URL")]
-    upstream: Option<String>,
+    upstream: Vec<String>,
+    /// How requests pick one of several upstream nodes.
+    #[arg(long, value_enum)]
+    balance: Option<Balance>,
+    /// Active health checks of the upstream nodes (auto: when there are several).
+    #[arg(long, value_enum, value_name = "KIND")]
+    health_check: Option<HealthCheckKind>,
+    /// Time between two health checks of a node.
+    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
+    health_check_interval: Option<Duration>,
     /// Crypto provider: ring, aws-lc-rs, openssl, openssl-qat.
     #[arg(long, value_name = "P")]
     provider: Option<ProviderName>,
@@ -328,7 +337,10 @@ pub fn resolve(config_file: Option<&PathBuf>, o: &Overrides) -> Result<Config, C
 
     let listener_flags = o.listen.is_some()
         || o.name.is_some()
-        || o.upstream.is_some()
+        || !o.upstream.is_empty()
+        || o.balance.is_some()
+        || o.health_check.is_some()
+        || o.health_check_interval.is_some()
         || o.cert.is_some()
         || o.key.is_some()
         || o.upstream_protocol.is_some()
@@ -345,7 +357,7 @@ pub fn resolve(config_file: Option<&PathBuf>, o: &Overrides) -> Result<Config, C
         0 => {
             let missing: Vec<&str> = [
                 ("--listen", o.listen.is_none()),
-                ("--upstream", o.upstream.is_none()),
+                ("--upstream", o.upstream.is_empty()),
                 ("--cert", o.cert.is_none()),
                 ("--key", o.key.is_none()),
             ]
@@ -365,7 +377,9 @@ pub fn resolve(config_file: Option<&PathBuf>, o: &Overrides) -> Result<Config, C
                 listen: String::new(),
                 cert: PathBuf::new(),
                 key: PathBuf::new(),
-                upstream: String::new(),
+                upstream: Vec::new(),
+                balance: Balance::default(),
+                health_check: HealthCheckConfig::default(),
                 mode: ListenerMode::default(),
                 upstream_protocol: UpstreamProtocol::default(),
                 provider: None,
@@ -389,8 +403,17 @@ pub fn resolve(config_file: Option<&PathBuf>, o: &Overrides) -> Result<Config, C
     if let Some(v) = &o.name {
         l.name = Some(v.clone());
     }
-    if let Some(v) = &o.upstream {
-        l.upstream = v.clone();
+    if !o.upstream.is_empty() {
+        l.upstream = o.upstream.clone();
+    }
+    if let Some(v) = o.balance {
+        l.balance = v;
+    }
+    if let Some(v) = o.health_check {
+        l.health_check.kind = v;
+    }
+    if let Some(v) = o.health_check_interval {
+        l.health_check.interval = v;
     }
     if let Some(v) = &o.cert {
         l.cert = v.clone();

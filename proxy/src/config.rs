@@ -390,6 +390,116 @@ pub enum UpstreamProtocol {
     H2c,
 }
 
+/// How a request picks its upstream node among the healthy ones.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "kebab-case")]
+pub enum Balance {
+    /// The node with the fewest requests in flight (ties go round the nodes): a slow node
+    /// gets less, as Envoy's and nginx's least-request balancers do.
+    #[default]
+    LeastRequests,
+    /// Each node in turn.
+    RoundRobin,
+}
+
+/// How a listener checks its upstream nodes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "kebab-case")]
+pub enum HealthCheckKind {
+    /// With several nodes: `grpc` for h2c listeners, `connect` in tcp mode, `http`
+    /// otherwise; with one node: `off` (it gets every request whatever its state).
+    #[default]
+    Auto,
+    /// `GET {path}` over HTTP/1.1 (Qdrant's `/readyz`); any 2xx is healthy.
+    Http,
+    /// `grpc.health.v1.Health/Check` over h2c; SERVING is healthy.
+    Grpc,
+    /// A TCP connect.
+    Connect,
+    /// No active checks (connect failures still eject a node for a while).
+    Off,
+}
+
+/// Active health checks (one probe per node per interval) and passive ejection (a node
+/// whose connect failed is skipped for a backoff that doubles up to a maximum).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields, default)]
+pub struct HealthCheckConfig {
+    /// What a probe is.
+    pub kind: HealthCheckKind,
+    /// The HTTP probe's path.
+    pub path: String,
+    /// Time between two probes of one node.
+    #[serde(with = "humantime_serde")]
+    pub interval: Duration,
+    /// A probe that has not answered in this time failed.
+    #[serde(with = "humantime_serde")]
+    pub timeout: Duration,
+    /// Consecutive failed probes that take a node out.
+    pub unhealthy_threshold: u32,
+    /// Consecutive good probes that bring it back.
+    pub healthy_threshold: u32,
+    /// First ejection after a failed connect; each further failure doubles it.
+    #[serde(with = "humantime_serde")]
+    pub ejection_base: Duration,
+    /// The longest ejection.
+    #[serde(with = "humantime_serde")]
+    pub ejection_max: Duration,
+}
+
+impl Default for HealthCheckConfig {
+    fn default() -> Self {
+        Self {
+            kind: HealthCheckKind::Auto,
+            path: "/readyz".to_owned(),
+            interval: Duration::from_secs(2),
+            timeout: Duration::from_secs(1),
+            unhealthy_threshold: 2,
+            healthy_threshold: 2,
+            ejection_base: Duration::from_secs(1),
+            ejection_max: Duration::from_secs(30),
+        }
+    }
+}
+
+impl HealthCheckConfig {
+    /// The probe in effect for a listener with `nodes` nodes.
+    pub fn effective_kind(
+        &self,
+        nodes: usize,
+        mode: ListenerMode,
+        protocol: UpstreamProtocol,
+    ) -> HealthCheckKind {
+        match self.kind {
+            HealthCheckKind::Auto if nodes < 2 => HealthCheckKind::Off,
+            HealthCheckKind::Auto => match (mode, protocol) {
+                (ListenerMode::Tcp, _) => HealthCheckKind::Connect,
+                (ListenerMode::Http, UpstreamProtocol::H2c) => HealthCheckKind::Grpc,
+                (ListenerMode::Http, _) => HealthCheckKind::Http,
+            },
+            kind => kind,
+        }
+    }
+}
+
+/// Reads `upstream` as one URL or a list of them.
+fn one_or_many<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum OneOrMany {
+        One(String),
+        Many(Vec<String>),
+    }
+    Ok(match OneOrMany::deserialize(d)? {
+        OneOrMany::One(s) => vec![s],
+        OneOrMany::Many(v) => v,
+    })
+}
+
+/// The most nodes one listener balances over (a request remembers the ones it tried in a
+/// 64-bit set).
+pub const MAX_UPSTREAM_NODES: usize = 64;
+
 /// TLS protocol versions.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 pub enum TlsVersion {
@@ -489,8 +599,16 @@ pub struct ListenerConfig {
     pub cert: PathBuf,
     /// Private key (PEM: PKCS#8, PKCS#1 or SEC1).
     pub key: PathBuf,
-    /// Upstream URL: `http://127.0.0.1:6333` (or `tcp://host:port` in tcp mode).
-    pub upstream: String,
+    /// Upstream nodes: `http://127.0.0.1:6333` (or `tcp://host:port` in tcp mode), one URL
+    /// or a list of them (any node of a Qdrant cluster accepts any request).
+    #[serde(deserialize_with = "one_or_many")]
+    pub upstream: Vec<String>,
+    /// How a request (a connection in tcp mode) picks its node among several.
+    #[serde(default)]
+    pub balance: Balance,
+    /// Active health checks and passive ejection of the upstream nodes.
+    #[serde(default)]
+    pub health_check: HealthCheckConfig,
     /// `http` (default) or `tcp`.
     #[serde(default)]
     pub mode: ListenerMode,
@@ -663,10 +781,65 @@ impl Config {
                     lc.listen
                 ));
             }
-            if let Err(e) =
-                crate::upstream::UpstreamAddr::parse(&lc.upstream, lc.mode == ListenerMode::Tcp)
+            if lc.upstream.is_empty() {
+                problems.push(format!(
+                    "{}: at least one node is needed",
+                    field("upstream")
+                ));
+            }
+            if lc.upstream.len() > MAX_UPSTREAM_NODES {
+                problems.push(format!(
+                    "{}: {} nodes; at most {MAX_UPSTREAM_NODES} per listener",
+                    field("upstream"),
+                    lc.upstream.len()
+                ));
+            }
+            let mut seen = std::collections::HashSet::new();
+            for url in &lc.upstream {
+                match crate::upstream::UpstreamAddr::parse(url, lc.mode == ListenerMode::Tcp) {
+                    Ok(addr) if !seen.insert(addr.authority.clone()) => {
+                        problems.push(format!("{}: {addr} is listed twice", field("upstream")))
+                    }
+                    Ok(_) => {}
+                    Err(e) => problems.push(format!("{}: {e}", field("upstream"))),
+                }
+            }
+            let hc = &lc.health_check;
+            if hc.interval.is_zero() || hc.timeout.is_zero() {
+                problems.push(format!(
+                    "{}: interval and timeout must be above zero",
+                    field("health_check")
+                ));
+            }
+            if hc.unhealthy_threshold == 0 || hc.healthy_threshold == 0 {
+                problems.push(format!(
+                    "{}: unhealthy_threshold and healthy_threshold must be at least 1",
+                    field("health_check")
+                ));
+            }
+            if hc.ejection_base.is_zero() || hc.ejection_base > hc.ejection_max {
+                problems.push(format!(
+                    "{}: ejection_base must be above zero and at most ejection_max",
+                    field("health_check")
+                ));
+            }
+            if !hc.path.starts_with('/') {
+                problems.push(format!(
+                    "{}: path {:?} must start with /",
+                    field("health_check"),
+                    hc.path
+                ));
+            }
+            if lc.mode == ListenerMode::Tcp
+                && matches!(
+                    hc.effective_kind(lc.upstream.len(), lc.mode, lc.upstream_protocol),
+                    HealthCheckKind::Http | HealthCheckKind::Grpc
+                )
             {
-                problems.push(format!("{}: {e}", field("upstream")));
+                problems.push(format!(
+                    "{}: a tcp listener's nodes can only be checked with kind = \"connect\"",
+                    field("health_check.kind")
+                ));
             }
             for (f, path) in [("cert", &lc.cert), ("key", &lc.key)] {
                 if !path.is_file() {
@@ -789,6 +962,51 @@ mod tests {
         assert!(all.contains("limits.max_connections"), "{all}");
         assert!(all.contains("listener[0].cert: file not found"), "{all}");
         assert!(all.contains("listener[0].key: file not found"), "{all}");
+    }
+
+    #[test]
+    fn upstream_is_one_url_or_a_list_and_every_node_is_checked() {
+        let one: Config = toml::from_str(
+            "[[listener]]\nlisten = \"127.0.0.1:1\"\ncert = \"c\"\nkey = \"k\"\nupstream = \"http://127.0.0.1:6333\"",
+        )
+        .unwrap();
+        assert_eq!(one.listeners[0].upstream, ["http://127.0.0.1:6333"]);
+        assert_eq!(one.listeners[0].balance, Balance::LeastRequests);
+        let l = &one.listeners[0];
+        assert_eq!(
+            l.health_check
+                .effective_kind(1, ListenerMode::Http, UpstreamProtocol::Auto),
+            HealthCheckKind::Off,
+            "one node: nothing to choose, no checks"
+        );
+        let many: Config = toml::from_str(
+            r#"
+            [[listener]]
+            listen = "127.0.0.1:1"
+            cert = "c"
+            key = "k"
+            upstream = ["http://n1:6334", "http://n2:6334", "n1:6334", "https://n3:6334"]
+            upstream_protocol = "h2c"
+            balance = "round-robin"
+            [listener.health_check]
+            interval = "500ms"
+            unhealthy_threshold = 0
+        "#,
+        )
+        .unwrap();
+        let l = &many.listeners[0];
+        assert_eq!(l.upstream.len(), 4);
+        assert_eq!(l.balance, Balance::RoundRobin);
+        assert_eq!(l.health_check.interval, Duration::from_millis(500));
+        assert_eq!(
+            l.health_check
+                .effective_kind(4, ListenerMode::Http, UpstreamProtocol::H2c),
+            HealthCheckKind::Grpc
+        );
+        let all = many.validate().unwrap_err().to_string();
+        assert!(all.contains("n1:6334 is listed twice"), "{all}");
+        assert!(all.contains("https://n3:6334"), "{all}");
+        assert!(all.contains("unhealthy_threshold"), "{all}");
     }
 
     #[test]

@@ -15,7 +15,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::admin::{self, AdminGuards, AdminState, AdminToken};
-use crate::config::{Config, Limits, ListenerMode};
+use crate::config::{Config, HealthCheckConfig, HealthCheckKind, Limits, ListenerMode};
 use crate::crypto::qat::{self, Fallback, QatState};
 use crate::http::{BufferBudget, HttpForwarder, H2_CONNECTION_WINDOW};
 use crate::io::{Activity, CountingIo, Quiet, QuietLimits};
@@ -23,7 +23,7 @@ use crate::metrics::{ListenerMetrics, Metrics};
 use crate::switch::{ListenerTls, SwitchableListener, TlsSwitch};
 use crate::tls::{self, HandshakePool, Offload};
 use crate::trust::TrustedProxies;
-use crate::upstream::UpstreamAddr;
+use crate::upstream::{UpstreamAddr, UpstreamPool};
 
 /// Pending connections the kernel queues per listener. A new-connection-per-request
 /// benchmark opens connections in bursts; a short queue turns bursts into SYN retries
@@ -47,11 +47,14 @@ struct ListenerCtx {
     limits: Limits,
     metrics: ListenerMetrics,
     mode: Mode,
+    upstreams: Arc<UpstreamPool>,
+    /// The active checks of `upstreams` (resolved: never `Auto`) and their settings.
+    health_check: (HealthCheckKind, HealthCheckConfig),
 }
 
 enum Mode {
     Http(Arc<HttpForwarder>),
-    Tcp(UpstreamAddr),
+    Tcp,
 }
 
 /// A bound, ready-to-serve proxy.
@@ -118,7 +121,11 @@ impl Proxy {
                 ..
             } = resolved;
             let provider_name = provider.name();
-            let upstream = UpstreamAddr::parse(&lc.upstream, lc.mode == ListenerMode::Tcp)
+            let nodes = lc
+                .upstream
+                .iter()
+                .map(|url| UpstreamAddr::parse(url, lc.mode == ListenerMode::Tcp))
+                .collect::<Result<Vec<_>, _>>()
                 .map_err(|e| at("upstream: ", &e))?;
             let addr: SocketAddr = lc
                 .listen
@@ -137,9 +144,13 @@ impl Proxy {
                 mode_label,
                 tls::handshake_label(provider_name, offload.label()),
             );
+            let upstreams = Arc::new(UpstreamPool::new(nodes, lc.balance, &lc.health_check, &lm));
+            let health_kind =
+                lc.health_check
+                    .effective_kind(lc.upstream.len(), lc.mode, lc.upstream_protocol);
             let mode = match lc.mode {
                 ListenerMode::Http => Mode::Http(Arc::new(HttpForwarder::new(
-                    upstream.clone(),
+                    upstreams.clone(),
                     lc.upstream_protocol,
                     config.limits.clone(),
                     lm.clone(),
@@ -147,12 +158,14 @@ impl Proxy {
                     trusted.clone(),
                     lc.security_headers,
                 ))),
-                ListenerMode::Tcp => Mode::Tcp(upstream.clone()),
+                ListenerMode::Tcp => Mode::Tcp,
             };
             tracing::info!(
                 listener = %name,
                 listen = %socket.local_addr().map_or(addr, |a| a),
-                upstream = %upstream,
+                upstream = %upstreams.describe(),
+                balance = ?lc.balance,
+                health_check = ?health_kind,
                 mode = mode_label,
                 provider = provider_name.as_str(),
                 library = %provider.library_version(),
@@ -194,6 +207,8 @@ impl Proxy {
                     limits: config.limits.clone(),
                     metrics: lm,
                     mode,
+                    upstreams,
+                    health_check: (health_kind, lc.health_check.clone()),
                 }),
             ));
         }
@@ -304,6 +319,8 @@ impl Proxy {
         let tracker = TaskTracker::new();
         let mut accept_loops = Vec::with_capacity(self.listeners.len());
         for (listener, ctx) in self.listeners {
+            let (kind, settings) = &ctx.health_check;
+            crate::upstream::health::spawn(&ctx.upstreams, *kind, settings, &admin_stop);
             accept_loops.push(tokio::spawn(accept_loop(
                 listener,
                 ctx,
@@ -559,7 +576,7 @@ async fn handle_connection(
     #[cfg(not(target_os = "linux"))]
     let _ = set_connection_options(&stream, &ctx.limits);
     let activity = Activity::new(
-        matches!(ctx.mode, Mode::Tcp(_)),
+        matches!(ctx.mode, Mode::Tcp),
         ctx.limits.h2_max_reset_streams,
     );
     let io = CountingIo::new(stream, m.received.clone(), m.sent.clone(), activity.clone());
@@ -633,12 +650,12 @@ async fn handle_connection(
                 }
             }
         }
-        Mode::Tcp(upstream) => {
+        Mode::Tcp => {
             // The server has nothing to say first in tcp mode: see `acknowledge_finished`.
             acknowledge_finished(tls_stream.get_ref().0.get_ref());
             match Box::pin(crate::tcp::splice(
                 tls_stream,
-                upstream,
+                &ctx.upstreams,
                 ctx.limits.upstream_connect_timeout,
                 activity,
                 ctx.limits.idle_timeout,

@@ -9,7 +9,7 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
 
 use crate::io::{Activity, QuietLimits};
-use crate::upstream::UpstreamAddr;
+use crate::upstream::UpstreamPool;
 
 /// Copy buffers: 64 KiB moves a TLS record's worth of plaintext (16 KiB) several times per
 /// syscall without holding much memory per connection.
@@ -31,11 +31,12 @@ pub enum SpliceError {
     Copy(io::Error),
 }
 
-/// Connects to `upstream` and copies both ways until either side closes or no bytes have
-/// moved for `idle`.
+/// Connects to a node of `upstreams` (another one if connecting fails: nothing has been
+/// sent yet) and copies both ways until either side closes or no bytes have moved for
+/// `idle`.
 pub async fn splice<IO>(
     mut client: IO,
-    upstream: &UpstreamAddr,
+    upstreams: &UpstreamPool,
     connect_timeout: Duration,
     activity: Arc<Activity>,
     idle: Duration,
@@ -43,17 +44,39 @@ pub async fn splice<IO>(
 where
     IO: AsyncRead + AsyncWrite + Unpin,
 {
-    let connect_err = |source| SpliceError::Connect {
-        upstream: upstream.to_string(),
-        source,
+    let mut tried = 0u64;
+    let mut last_error = None;
+    let (mut server, _lease) = loop {
+        let Some(lease) = upstreams.pick(tried) else {
+            return Err(last_error.expect("a pool has at least one node"));
+        };
+        let connected = tokio::time::timeout(
+            connect_timeout,
+            TcpStream::connect(lease.addr().authority.as_str()),
+        )
+        .await;
+        let (kind, source) = match connected {
+            Ok(Ok(server)) => {
+                upstreams.connected(&lease);
+                break (server, lease);
+            }
+            Ok(Err(e)) => ("connect", e),
+            Err(_) => (
+                "connect_timeout",
+                io::Error::new(io::ErrorKind::TimedOut, "connect timed out"),
+            ),
+        };
+        lease.failed(kind);
+        upstreams.connect_failed(&lease);
+        tried |= lease.bit();
+        if (tried.count_ones() as usize) < upstreams.nodes().len() {
+            upstreams.retried();
+        }
+        last_error = Some(SpliceError::Connect {
+            upstream: lease.addr().to_string(),
+            source,
+        });
     };
-    let mut server = tokio::time::timeout(
-        connect_timeout,
-        TcpStream::connect(upstream.authority.as_str()),
-    )
-    .await
-    .map_err(|_| connect_err(io::Error::new(io::ErrorKind::TimedOut, "connect timed out")))?
-    .map_err(connect_err)?;
     server.set_nodelay(true).map_err(SpliceError::Copy)?;
     let quiet = QuietLimits::uniform(idle);
     tokio::select! {

@@ -35,9 +35,9 @@ use crate::config::{Limits, UpstreamProtocol};
 use crate::io::{Activity, Quiet, QuietLimits, RequestGuard};
 use crate::metrics::ListenerMetrics;
 use crate::trust::TrustedProxies;
-use crate::upstream::UpstreamAddr;
+use crate::upstream::{NodeLease, UpstreamPool};
 
-pub use body::{CappedBody, RequestBodyError, ResponseBody, UpstreamSlot};
+pub use body::{BodyReturn, CappedBody, RequestBodyError, ResponseBody, UpstreamSlot};
 pub use budget::{BufferBudget, WindowGrant};
 use errors::{error_response, Failure};
 
@@ -67,7 +67,7 @@ type UpstreamClient = Client<HttpConnector, CappedBody>;
 
 /// Everything the request path of one listener shares.
 pub struct HttpForwarder {
-    upstream: UpstreamAddr,
+    pool: Arc<UpstreamPool>,
     protocol: UpstreamProtocol,
     http1: UpstreamClient,
     h2c: UpstreamClient,
@@ -84,7 +84,7 @@ impl HttpForwarder {
     /// Builds the pooled upstream clients for one listener. `trusted` proxies may set
     /// X-Forwarded-For; everybody else's is replaced.
     pub fn new(
-        upstream: UpstreamAddr,
+        pool: Arc<UpstreamPool>,
         protocol: UpstreamProtocol,
         limits: Limits,
         metrics: ListenerMetrics,
@@ -119,7 +119,7 @@ impl HttpForwarder {
             stall: limits.stall_timeout,
         };
         Self {
-            upstream,
+            pool,
             protocol,
             http1,
             h2c,
@@ -357,24 +357,14 @@ impl HttpForwarder {
                 "the upstream is at its limit of concurrent requests; retry later",
             );
         };
-        let slot = UpstreamSlot::new(permit, self.metrics.upstream_in_flight.clone());
+        let mut slot = UpstreamSlot::new(permit, self.metrics.upstream_in_flight.clone());
         let (mut parts, body) = req.into_parts();
         let client_authority = parts.uri.authority().cloned();
-        let path_and_query = parts.uri.path_and_query().map_or("/", |p| p.as_str());
-        parts.uri = match Uri::builder()
-            .scheme("http")
-            .authority(self.upstream.authority.clone())
-            .path_and_query(path_and_query)
-            .build()
-        {
-            Ok(uri) => uri,
-            Err(e) => {
-                return fail(
-                    Failure::Internal,
-                    &format!("cannot build upstream URI: {e}"),
-                )
-            }
-        };
+        let path_and_query = parts
+            .uri
+            .path_and_query()
+            .cloned()
+            .unwrap_or_else(|| http::uri::PathAndQuery::from_static("/"));
         let keep_te_trailers = use_h2c && te_is_trailers(&parts.headers);
         strip_hop_by_hop(&mut parts.headers);
         if keep_te_trailers {
@@ -391,7 +381,9 @@ impl HttpForwarder {
             // An HTTP/2 client named the host in :authority; an HTTP/1.1 upstream needs Host.
             let host = client_authority
                 .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
-                .or_else(|| HeaderValue::from_str(self.upstream.authority.as_str()).ok());
+                .or_else(|| {
+                    HeaderValue::from_str(self.pool.nodes()[0].addr().authority.as_str()).ok()
+                });
             if let Some(host) = host {
                 parts.headers.insert(header::HOST, host);
             }
@@ -406,64 +398,142 @@ impl HttpForwarder {
         } else {
             Version::HTTP_11
         };
-        let upstream_req = Request::from_parts(
-            parts,
-            CappedBody::new(body, max_body, client.activity.clone()),
-        );
-        let client = if use_h2c { &self.h2c } else { &self.http1 };
+        let upstream_client = if use_h2c { &self.h2c } else { &self.http1 };
 
-        let result = tokio::time::timeout(
-            self.limits.upstream_response_timeout,
-            client.request(upstream_req),
-        )
-        .await;
-        match result {
-            Ok(Ok(resp)) => {
-                let (mut parts, body) = resp.into_parts();
-                strip_hop_by_hop(&mut parts.headers);
-                Response::from_parts(parts, ResponseBody::upstream(body, slot))
-            }
-            Ok(Err(e)) => {
-                let failure = classify(&e);
-                // The details (address, OS error) go to the log, never to the client.
-                let msg = match failure {
-                    Failure::RequestTooLarge => {
-                        format!("request body larger than the proxy's limit of {max_body} bytes")
+        // Nodes tried so far (bit i: node i); only a failed connect moves on to another.
+        let mut tried = 0u64;
+        let mut parts = Some(parts);
+        let mut body = Some(body);
+        loop {
+            let Some(lease) = self.pool.pick(tried) else {
+                // Every node refused the connection; the last failure was logged.
+                return fail(Failure::UpstreamUnavailable, "the upstream is unavailable");
+            };
+            let uri = match Uri::builder()
+                .scheme("http")
+                .authority(lease.addr().authority.clone())
+                .path_and_query(path_and_query.clone())
+                .build()
+            {
+                Ok(uri) => uri,
+                Err(e) => {
+                    return fail(
+                        Failure::Internal,
+                        &format!("cannot build upstream URI: {e}"),
+                    )
+                }
+            };
+            let Some(client_body) = body.take() else {
+                return fail(Failure::Internal, "the request body was lost");
+            };
+            // With another node left, the head is copied and the body kept returnable so a
+            // failed connect can go elsewhere; the last (or only) node takes them as they are.
+            let can_retry = self.pool.has_alternatives()
+                && (tried | lease.bit()).count_ones() < self.pool.nodes().len() as u32;
+            let (upstream_req, body_return) = if can_retry {
+                let (capped, back) =
+                    CappedBody::returnable(client_body, max_body, client.activity.clone());
+                let head = parts.as_ref().expect("kept while retries remain");
+                let mut req = Request::new(capped);
+                *req.method_mut() = head.method.clone();
+                *req.uri_mut() = uri;
+                *req.version_mut() = head.version;
+                *req.headers_mut() = head.headers.clone();
+                (req, Some(back))
+            } else {
+                let mut head = parts.take().expect("the head is used once, last");
+                head.uri = uri;
+                let capped = CappedBody::new(client_body, max_body, client.activity.clone());
+                (Request::from_parts(head, capped), None)
+            };
+
+            let result = tokio::time::timeout(
+                self.limits.upstream_response_timeout,
+                upstream_client.request(upstream_req),
+            )
+            .await;
+            return match result {
+                Ok(Ok(resp)) => {
+                    self.pool.connected(&lease);
+                    slot.hold(lease);
+                    let (mut parts, body) = resp.into_parts();
+                    strip_hop_by_hop(&mut parts.headers);
+                    Response::from_parts(parts, ResponseBody::upstream(body, slot))
+                }
+                Ok(Err(e)) => {
+                    let failure = classify(&e);
+                    if e.is_connect() {
+                        self.pool.connect_failed(&lease);
+                        let back = body_return.as_ref().and_then(BodyReturn::take_back);
+                        if let Some(back) = back {
+                            // Nothing reached the node: the same request goes to another.
+                            self.note_upstream_failure(&lease, failure, &e);
+                            tried |= lease.bit();
+                            body = Some(back);
+                            self.pool.retried();
+                            continue;
+                        }
                     }
-                    Failure::ClientBody => {
-                        self.metrics.client_error("body");
-                        "the request body was malformed or cut off".to_owned()
-                    }
-                    Failure::UpstreamTimeout => {
-                        self.metrics.upstream_error("connect_timeout");
-                        crate::peer_warn!(listener = %self.metrics.name(), upstream = %self.upstream, error = %error_chain(&e), "upstream connect timed out");
-                        "the upstream did not accept the connection in time".to_owned()
-                    }
-                    _ => {
-                        let kind = if e.is_connect() {
-                            "connect"
-                        } else {
-                            "protocol"
-                        };
-                        self.metrics.upstream_error(kind);
-                        crate::peer_warn!(listener = %self.metrics.name(), upstream = %self.upstream, error = %error_chain(&e), "upstream request failed");
-                        "the upstream is unavailable".to_owned()
-                    }
-                };
-                fail(failure, &msg)
-            }
-            Err(_) => {
-                self.metrics.upstream_error("timeout");
-                crate::peer_warn!(listener = %self.metrics.name(), upstream = %self.upstream, timeout = ?self.limits.upstream_response_timeout, "upstream did not answer in time");
-                fail(
-                    Failure::UpstreamTimeout,
-                    &format!(
-                        "the upstream did not answer within {:?}",
-                        self.limits.upstream_response_timeout
-                    ),
-                )
-            }
+                    // The details (address, OS error) go to the log, never to the client.
+                    let msg = match failure {
+                        Failure::RequestTooLarge => {
+                            format!(
+                                "request body larger than the proxy's limit of {max_body} bytes"
+                            )
+                        }
+                        Failure::ClientBody => {
+                            self.metrics.client_error("body");
+                            "the request body was malformed or cut off".to_owned()
+                        }
+                        Failure::UpstreamTimeout => {
+                            self.note_upstream_failure(&lease, failure, &e);
+                            "the upstream did not accept the connection in time".to_owned()
+                        }
+                        _ => {
+                            self.note_upstream_failure(&lease, failure, &e);
+                            "the upstream is unavailable".to_owned()
+                        }
+                    };
+                    fail(failure, &msg)
+                }
+                Err(_) => {
+                    self.metrics.upstream_error("timeout");
+                    lease.failed("timeout");
+                    crate::peer_warn!(listener = %self.metrics.name(), upstream = %lease.addr(), timeout = ?self.limits.upstream_response_timeout, "upstream did not answer in time");
+                    fail(
+                        Failure::UpstreamTimeout,
+                        &format!(
+                            "the upstream did not answer within {:?}",
+                            self.limits.upstream_response_timeout
+                        ),
+                    )
+                }
+            };
         }
+    }
+
+    /// Counts and logs an exchange with `lease`'s node that failed on the upstream's side.
+    fn note_upstream_failure(
+        &self,
+        lease: &NodeLease,
+        failure: Failure,
+        e: &hyper_util::client::legacy::Error,
+    ) {
+        let kind = if failure == Failure::UpstreamTimeout {
+            "connect_timeout"
+        } else if e.is_connect() {
+            "connect"
+        } else {
+            "protocol"
+        };
+        self.metrics.upstream_error(kind);
+        lease.failed(kind);
+        let what = if kind == "connect_timeout" {
+            "upstream connect timed out"
+        } else {
+            "upstream request failed"
+        };
+        crate::peer_warn!(listener = %self.metrics.name(), upstream = %lease.addr(), error = %error_chain(e), "{what}");
     }
 }
 

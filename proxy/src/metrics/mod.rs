@@ -38,6 +38,96 @@ pub const CLOSE_REASONS: [&str; 6] = [
     "drain_deadline",
 ];
 
+/// Why an upstream exchange failed (see `proxy_upstream_errors_total`).
+pub const UPSTREAM_ERROR_KINDS: [&str; 4] = ["connect", "connect_timeout", "timeout", "protocol"];
+
+/// The per-node upstream series; a listener's nodes come from its config, so the label
+/// set is as bounded as the listeners.
+#[derive(Clone)]
+struct NodeVecs {
+    requests: IntCounterVec,
+    errors: IntCounterVec,
+    in_flight: IntGaugeVec,
+    healthy: IntGaugeVec,
+    ejected: IntGaugeVec,
+    ejections: IntCounterVec,
+}
+
+impl NodeVecs {
+    fn register(registry: &Registry) -> Self {
+        let labels = &["listener", "upstream"];
+        let counter = |name: &str, help: &str| {
+            let c = IntCounterVec::new(Opts::new(name, help), labels).expect("static metric");
+            registry.register(Box::new(c.clone())).expect("unique");
+            c
+        };
+        let gauge = |name: &str, help: &str| {
+            let g = IntGaugeVec::new(Opts::new(name, help), labels).expect("static metric");
+            registry.register(Box::new(g.clone())).expect("unique");
+            g
+        };
+        let errors = IntCounterVec::new(
+            Opts::new(
+                "proxy_upstream_node_errors_total",
+                "Failed exchanges with one upstream node, by kind (connect, connect_timeout, timeout, protocol).",
+            ),
+            &["listener", "upstream", "kind"],
+        )
+        .expect("static metric");
+        registry.register(Box::new(errors.clone())).expect("unique");
+        Self {
+            requests: counter(
+                "proxy_upstream_node_requests_total",
+                "Requests (tcp mode: connections) sent to one upstream node, retries included.",
+            ),
+            errors,
+            in_flight: gauge(
+                "proxy_upstream_node_requests_in_flight",
+                "Requests forwarded to one upstream node whose response has not finished.",
+            ),
+            healthy: gauge(
+                "proxy_upstream_node_healthy",
+                "1 while the node's active health checks pass (or none run), 0 after unhealthy_threshold failures.",
+            ),
+            ejected: gauge(
+                "proxy_upstream_node_ejected",
+                "1 from a failed connect to the node until it answers again or passes a health check.",
+            ),
+            ejections: counter(
+                "proxy_upstream_node_ejections_total",
+                "Times the node was ejected for a backoff after a failed connect.",
+            ),
+        }
+    }
+}
+
+/// One upstream node's series.
+#[derive(Clone)]
+pub struct NodeMetrics {
+    /// Requests sent to it.
+    pub requests: IntCounter,
+    /// Requests in flight to it.
+    pub in_flight: IntGauge,
+    /// Its health checks' verdict.
+    pub healthy: IntGauge,
+    /// Ejected after a failed connect.
+    pub ejected: IntGauge,
+    /// Ejections.
+    pub ejections: IntCounter,
+    errors: IntCounterVec,
+    listener: String,
+    upstream: String,
+}
+
+impl NodeMetrics {
+    /// A failed exchange with the node; `kind` is one of [`UPSTREAM_ERROR_KINDS`].
+    pub fn error(&self, kind: &'static str) {
+        self.errors
+            .with_label_values(&[self.listener.as_str(), &self.upstream, kind])
+            .inc();
+    }
+}
+
 /// Every metric the proxy exports.
 #[derive(Clone)]
 pub struct Metrics {
@@ -63,6 +153,8 @@ pub struct Metrics {
     buffer_reserved: IntGauge,
     admin_refusals: IntCounterVec,
     log_suppressed: IntCounter,
+    upstream_retries: IntCounterVec,
+    nodes: NodeVecs,
     process: ProcessMetrics,
     qat: std::sync::Arc<std::sync::OnceLock<QatMetrics>>,
 }
@@ -230,9 +322,19 @@ impl Metrics {
             "Log lines caused by remote peers that were dropped by the log rate limit.",
         )
         .expect("static metric definition");
+        let upstream_retries = IntCounterVec::new(
+            Opts::new(
+                "proxy_upstream_retries_total",
+                "Requests (tcp mode: connections) sent to another upstream node because connecting to the one picked first failed; nothing had been sent to it.",
+            ),
+            &["listener"],
+        )
+        .expect("static metric definition");
+        let nodes = NodeVecs::register(&registry);
 
         for c in [
             Box::new(handshakes.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(upstream_retries.clone()),
             Box::new(connection_closes.clone()),
             Box::new(upstream_rejected.clone()),
             Box::new(upstream_in_flight.clone()),
@@ -280,6 +382,8 @@ impl Metrics {
             buffer_reserved,
             admin_refusals,
             log_suppressed,
+            upstream_retries,
+            nodes,
             process,
             qat: Default::default(),
         }
@@ -298,7 +402,7 @@ impl Metrics {
             .with_label_values(&[listener, provider, algorithm, mode, offload])
             .set(1);
         // Make the error series exist at zero, so rate() works from the first scrape.
-        for kind in ["connect", "connect_timeout", "timeout", "protocol"] {
+        for kind in UPSTREAM_ERROR_KINDS {
             self.upstream_errors.with_label_values(&[listener, kind]);
         }
         for outcome in ["ok", "error"] {
@@ -321,6 +425,7 @@ impl Metrics {
             sent: self.sent_bytes.with_label_values(&[listener]),
             upstream_rejected: self.upstream_rejected.with_label_values(&[listener]),
             upstream_in_flight: self.upstream_in_flight.with_label_values(&[listener]),
+            upstream_retries: self.upstream_retries.with_label_values(&[listener]),
             metrics: self.clone(),
         }
     }
@@ -423,6 +528,8 @@ pub struct ListenerMetrics {
     pub upstream_rejected: IntCounter,
     /// Requests in flight to the upstream.
     pub upstream_in_flight: IntGauge,
+    /// Requests sent to another node after a failed connect.
+    pub upstream_retries: IntCounter,
     metrics: Metrics,
 }
 
@@ -500,6 +607,25 @@ impl ListenerMetrics {
             .client_errors
             .with_label_values(&[&self.listener, kind])
             .inc();
+    }
+
+    /// Metric handles for one of the listener's upstream nodes (`host:port`).
+    pub fn node(&self, upstream: &str) -> NodeMetrics {
+        let v = &self.metrics.nodes;
+        let labels = [self.listener.as_str(), upstream];
+        for kind in UPSTREAM_ERROR_KINDS {
+            v.errors.with_label_values(&[labels[0], upstream, kind]);
+        }
+        NodeMetrics {
+            requests: v.requests.with_label_values(&labels),
+            in_flight: v.in_flight.with_label_values(&labels),
+            healthy: v.healthy.with_label_values(&labels),
+            ejected: v.ejected.with_label_values(&labels),
+            ejections: v.ejections.with_label_values(&labels),
+            errors: v.errors.clone(),
+            listener: self.listener.clone(),
+            upstream: upstream.to_owned(),
+        }
     }
 
     /// An upstream exchange that failed.

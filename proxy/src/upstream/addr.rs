@@ -1,4 +1,4 @@
-//! Where a listener forwards to: parsing and checking the upstream address.
+//! An upstream node's address: parsing and checking it.
 
 use std::fmt;
 

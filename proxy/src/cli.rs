@@ -190,6 +190,15 @@ pub struct Overrides {
     /// Log lines as text (the default) or JSON, one object per line (for log shippers).
     #[arg(long, value_enum)]
     log_format: Option<crate::config::LogFormat>,
+    /// Access log: off (the default), stdout, or a file to append to.
+    #[arg(long, value_name = "TARGET")]
+    access_log: Option<String>,
+    /// Access log lines as JSON (the default) or the common log format.
+    #[arg(long, value_enum, value_name = "FORMAT")]
+    access_log_format: Option<crate::access_log::AccessLogFormat>,
+    /// Log this share of the requests (0 < F <= 1).
+    #[arg(long, value_name = "F")]
+    access_log_sample: Option<f64>,
 }
 
 fn parse_on_off(s: &str) -> Result<bool, String> {
@@ -263,6 +272,15 @@ pub fn resolve(config_file: Option<&PathBuf>, o: &Overrides) -> Result<Config, C
     }
     if let Some(f) = o.log_format {
         cfg.log_format = f;
+    }
+    if let Some(t) = &o.access_log {
+        cfg.access_log.target = t.clone();
+    }
+    if let Some(f) = o.access_log_format {
+        cfg.access_log.format = f;
+    }
+    if let Some(s) = o.access_log_sample {
+        cfg.access_log.sample = s;
     }
     if let Some(n) = o.worker_threads {
         cfg.worker_threads = n;

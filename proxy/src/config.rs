@@ -93,6 +93,9 @@ pub struct Config {
     /// Log lines as text or as JSON objects, one per line.
     #[serde(default)]
     pub log_format: LogFormat,
+    /// One line per request; off by default.
+    #[serde(default)]
+    pub access_log: crate::access_log::AccessLogConfig,
     /// Reactor worker threads; 0 means one per CPU.
     #[serde(default)]
     pub worker_threads: usize,
@@ -765,6 +768,7 @@ impl Config {
             ));
         }
         let mut names = std::collections::HashSet::new();
+        problems.extend(self.access_log.problems());
         for (i, lc) in self.listeners.iter().enumerate() {
             let field = |f: &str| format!("listener[{i}].{f}");
             let name = lc.display_name(i);

@@ -14,6 +14,7 @@
 #![deny(unsafe_code)]
 #![deny(missing_docs)]
 
+pub mod access_log;
 pub mod admin;
 pub mod cli;
 pub mod config;

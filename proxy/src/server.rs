@@ -68,6 +68,7 @@ pub struct Proxy {
     limits: Limits,
     pool: Option<HandshakePool>,
     cert_watch_interval: Duration,
+    access_log: Option<Arc<crate::access_log::AccessLog>>,
 }
 
 impl Proxy {
@@ -95,6 +96,13 @@ impl Proxy {
         };
         let mut qat_offload_active = qat_state.is_some();
 
+        let [lines, dropped, errors] = metrics.access_log();
+        let access_log =
+            crate::access_log::AccessLog::start(&config.access_log, lines, dropped, errors)
+                .map_err(|e| StartupError(format!("access log: {e}")))?;
+        if access_log.is_some() {
+            tracing::info!(target = %config.access_log.target, format = ?config.access_log.format, sample = config.access_log.sample, "access log on");
+        }
         let mut listeners = Vec::with_capacity(config.listeners.len());
         for (i, lc) in config.listeners.iter().enumerate() {
             let name = lc.display_name(i);
@@ -157,6 +165,7 @@ impl Proxy {
                     budget.clone(),
                     trusted.clone(),
                     lc.security_headers,
+                    access_log.clone(),
                 ))),
                 ListenerMode::Tcp => Mode::Tcp,
             };
@@ -276,6 +285,7 @@ impl Proxy {
             limits: config.limits.clone(),
             pool,
             cert_watch_interval: config.cert_watch_interval,
+            access_log,
         })
     }
 
@@ -358,6 +368,11 @@ impl Proxy {
         admin_stop.cancel();
         if let Some(pool) = self.pool {
             pool.shutdown();
+        }
+        if let Some(log) = &self.access_log {
+            // The lines of the requests that just drained, before the process exits.
+            let log = log.clone();
+            let _ = tokio::task::spawn_blocking(move || log.flush(Duration::from_secs(2))).await;
         }
     }
 }
@@ -641,8 +656,19 @@ async fn handle_connection(
                     FirstBytes::Draining => return,
                 }
             }
-            if let Err(e) =
-                Box::pin(forwarder.serve(tls_stream, h2, peer, activity, shutdown)).await
+            if let Err(e) = Box::pin(forwarder.serve(
+                tls_stream,
+                h2,
+                peer,
+                crate::http::TlsFacts {
+                    version,
+                    resumed,
+                    provider: current.provider.as_str(),
+                },
+                activity,
+                shutdown,
+            ))
+            .await
             {
                 if !is_benign_close(&e) {
                     m.connection_error("http");

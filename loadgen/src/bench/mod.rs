@@ -126,6 +126,11 @@ pub struct BenchArgs {
     /// measured in the first round only).
     #[arg(long, default_value_t = 1)]
     pub repeat: usize,
+    /// Upstream nodes behind every terminator: that many sinks (one process, separate
+    /// ports), balanced by least requests (ours), `least_conn` (nginx), `leastconn`
+    /// (HAProxy). One by default; three measure what balancing costs.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=16))]
+    pub upstream_nodes: u16,
     /// Where the table (bench.md), the figures (bench.json) and the logs go.
     #[arg(long, default_value = "results/bench")]
     pub out: PathBuf,
@@ -357,8 +362,20 @@ pub async fn execute(args: &BenchArgs, stop: CancellationToken) -> Result<BenchR
     };
     let clients = clients(&certs.ca)?;
     let sink_stop = stop.child_token();
-    let sink = sink::start(sink_stop.clone()).await?;
-    eprintln!("sink on {sink}");
+    let mut sinks = Vec::with_capacity(usize::from(args.upstream_nodes));
+    for _ in 0..args.upstream_nodes {
+        sinks.push(sink::start(sink_stop.clone()).await?);
+    }
+    // The direct path is measured against the first.
+    let sink = sinks[0];
+    eprintln!(
+        "sink on {}",
+        sinks
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
 
     // Columns: our providers, then the peers.
     let mut columns: Vec<String> = args
@@ -491,12 +508,12 @@ pub async fn execute(args: &BenchArgs, stop: CancellationToken) -> Result<BenchR
                 &proxy_bin,
                 *p,
                 &certs,
-                sink,
+                &sinks,
                 &work,
                 args.proxy_worker_threads,
                 &args.proxy_args,
             ),
-            Column::Peer(p, Ok(bin)) => terminators::start_peer(*p, bin, &certs, sink, &work),
+            Column::Peer(p, Ok(bin)) => terminators::start_peer(*p, bin, &certs, &sinks, &work),
             Column::Peer(p, Err(e)) => Err(anyhow::anyhow!("{}: {e:#}", p.as_str())),
         };
         match t {
@@ -570,6 +587,7 @@ pub async fn execute(args: &BenchArgs, stop: CancellationToken) -> Result<BenchR
             "concurrency": args.concurrency, "bulk_connections": args.bulk_connections,
             "idle": args.idle, "latency_requests": args.latency_requests,
             "proxy_worker_threads": args.proxy_worker_threads,
+            "upstream_nodes": args.upstream_nodes,
             "workers": "proxy worker_threads as given; nginx worker_processes 1; HAProxy nbthread 1",
             "cpu": "user+system of the terminator's process tree from /proc",
         }),

@@ -152,7 +152,7 @@ pub fn start_proxy(
     binary: &Path,
     provider: ProviderName,
     certs: &Certs,
-    sink: SocketAddr,
+    sinks: &[SocketAddr],
     work: &Path,
     worker_threads: usize,
     extra_args: &[String],
@@ -163,10 +163,15 @@ pub fn start_proxy(
          [admin]\nlisten = \"127.0.0.1:0\"\n",
         provider.as_str()
     );
+    let upstream = sinks
+        .iter()
+        .map(|s| format!("\"http://{s}\""))
+        .collect::<Vec<_>>()
+        .join(", ");
     for alg in &certs.algorithms {
         toml.push_str(&format!(
             "[[listener]]\nname = \"{alg}\"\nlisten = \"127.0.0.1:0\"\ncert = \"{}\"\nkey = \"{}\"\n\
-             upstream = \"http://{sink}\"\n[listener.tls]\nmin_version = \"1.3\"\n\
+             upstream = [{upstream}]\n[listener.tls]\nmin_version = \"1.3\"\n\
              kx_groups = [\"x25519\"]\nresumption = false\n",
             certs.cert(*alg).display(),
             certs.key(*alg).display(),
@@ -299,7 +304,7 @@ pub fn start_peer(
     peer: Peer,
     binary: &Path,
     certs: &Certs,
-    sink: SocketAddr,
+    sinks: &[SocketAddr],
     work: &Path,
 ) -> Result<Terminator> {
     let dir = work.join(peer.as_str());
@@ -313,7 +318,7 @@ pub fn start_peer(
     match peer {
         Peer::Nginx => {
             let conf = dir.join("nginx.conf");
-            std::fs::write(&conf, nginx_config(certs, sink, &addrs, &dir))?;
+            std::fs::write(&conf, nginx_config(certs, sinks, &addrs, &dir))?;
             cmd.arg("-p")
                 .arg(&dir)
                 .arg("-c")
@@ -328,7 +333,7 @@ pub fn start_peer(
                 std::fs::write(dir.join(format!("{}.pem", alg.as_str())), pem)?;
             }
             let conf = dir.join("haproxy.cfg");
-            std::fs::write(&conf, haproxy_config(sink, &addrs, &dir))?;
+            std::fs::write(&conf, haproxy_config(sinks, &addrs, &dir))?;
             cmd.arg("-db").arg("-f").arg(&conf);
         }
     }
@@ -373,7 +378,7 @@ pub fn start_peer(
 
 fn nginx_config(
     certs: &Certs,
-    sink: SocketAddr,
+    sinks: &[SocketAddr],
     addrs: &BTreeMap<CertAlgorithmName, SocketAddr>,
     dir: &Path,
 ) -> String {
@@ -387,6 +392,14 @@ fn nginx_config(
             certs.key(*alg).display(),
         ));
     }
+    // Several nodes: least connections, nginx's nearest to our least requests.
+    let balance = if sinks.len() > 1 { "least_conn; " } else { "" };
+    let servers_of = |s: &[SocketAddr]| {
+        s.iter()
+            .map(|a| format!("server {a}; "))
+            .collect::<String>()
+    };
+    let sink = format!("{balance}{}", servers_of(sinks));
     format!(
         "worker_processes 1;\nworker_rlimit_nofile {nofile};\npid {d}/nginx.pid;\nerror_log {d}/error.log warn;\n\
          events {{ worker_connections {conns}; }}\n\
@@ -395,7 +408,7 @@ fn nginx_config(
          \x20 proxy_set_header Connection \"\";\n  keepalive_requests 1000000;\n  keepalive_timeout 600s;\n\
          \x20 ssl_protocols TLSv1.3;\n  ssl_ecdh_curve X25519;\n  ssl_prefer_server_ciphers on;\n\
          \x20 ssl_conf_command Ciphersuites {SUITES};\n  ssl_session_cache off;\n  ssl_session_tickets off;\n\
-         \x20 upstream sink {{ server {sink}; keepalive 64; }}\n  upstream sink_grpc {{ server {sink}; keepalive 64; }}\n\
+         \x20 upstream sink {{ {sink}keepalive 64; }}\n  upstream sink_grpc {{ {sink}keepalive 64; }}\n\
          {servers}}}\n",
         nofile = nofile_hard_limit(),
         conns = MAX_CONNECTIONS + 100,
@@ -410,7 +423,7 @@ fn haproxy_max_connections() -> usize {
 }
 
 fn haproxy_config(
-    sink: SocketAddr,
+    sinks: &[SocketAddr],
     addrs: &BTreeMap<CertAlgorithmName, SocketAddr>,
     dir: &Path,
 ) -> String {
@@ -423,12 +436,25 @@ fn haproxy_config(
             d = dir.display(),
         ));
     }
+    let balance = if sinks.len() > 1 {
+        "  balance leastconn\n"
+    } else {
+        ""
+    };
+    let servers = |proto: &str| -> String {
+        sinks
+            .iter()
+            .enumerate()
+            .map(|(i, s)| format!("  server s{} {s}{proto}\n", i + 1))
+            .collect()
+    };
+    let (rest, grpc) = (servers(""), servers(" proto h2"));
     format!(
         "global\n  nbthread 1\n  ulimit-n {nofile}\n  maxconn {conns}\n  tune.ssl.cachesize 0\n\
          \x20 ssl-default-bind-ciphersuites {SUITES}\n\
          defaults\n  mode http\n  maxconn {conns}\n  timeout connect 5s\n  timeout client 600s\n  timeout server 60s\n\
          \x20 timeout http-keep-alive 600s\n  http-reuse always\n\
-         {frontends}backend rest\n  server s1 {sink}\nbackend grpc\n  server s1 {sink} proto h2\n",
+         {frontends}backend rest\n{balance}{rest}backend grpc\n{balance}{grpc}",
         conns = haproxy_max_connections(),
         nofile = nofile_hard_limit(),
     )

@@ -4,6 +4,7 @@
 //! request's [`RequestGuard`] and upstream slot until it has been sent or abandoned.
 
 use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 
@@ -13,6 +14,7 @@ use hyper::body::Incoming;
 use prometheus::IntGauge;
 use tokio::sync::OwnedSemaphorePermit;
 
+use crate::access_log::PendingRecord;
 use crate::io::{Activity, RequestGuard};
 use crate::upstream::NodeLease;
 
@@ -23,6 +25,8 @@ pub struct CappedBody {
     inner: Source,
     remaining: u64,
     activity: Arc<Activity>,
+    /// The access log's count of request bytes, for logged requests.
+    counted: Option<Arc<AtomicU64>>,
 }
 
 /// Where a [`CappedBody`] reads from.
@@ -54,7 +58,14 @@ impl CappedBody {
             inner: Source::Owned(inner),
             remaining: max,
             activity,
+            counted: None,
         }
+    }
+
+    /// Adds the bytes read to `counter` as well (the access log's `bytes_in`).
+    pub fn counting(mut self, counter: Option<&Arc<AtomicU64>>) -> Self {
+        self.counted = counter.cloned();
+        self
     }
 
     /// As [`CappedBody::new`], and a handle that gets `inner` back if it was never read.
@@ -67,6 +78,7 @@ impl CappedBody {
             },
             remaining: max,
             activity,
+            counted: None,
         };
         (body, BodyReturn(cell))
     }
@@ -126,6 +138,9 @@ impl Body for CappedBody {
                         return Poll::Ready(Some(Err(RequestBodyError::TooLarge)));
                     }
                     self.remaining -= n;
+                    if let Some(c) = &self.counted {
+                        c.fetch_add(n, Ordering::Relaxed);
+                    }
                 }
                 self.activity.touch();
                 Poll::Ready(Some(Ok(frame)))
@@ -191,6 +206,8 @@ pub struct ResponseBody {
     source: ResponseSource,
     request: Option<RequestGuard>,
     _slot: Option<UpstreamSlot>,
+    /// The access log's record of this request, queued when the body is dropped.
+    log: Option<PendingRecord>,
 }
 
 impl ResponseBody {
@@ -210,6 +227,7 @@ impl ResponseBody {
             source: ResponseSource::Upstream(body),
             request: None,
             _slot: Some(slot),
+            log: None,
         }
     }
 
@@ -218,7 +236,14 @@ impl ResponseBody {
             source,
             request: None,
             _slot: None,
+            log: None,
         }
+    }
+
+    /// Completes `record` with this body's bytes and time; it is logged when the body is
+    /// dropped (sent, failed or abandoned).
+    pub fn log_with(&mut self, record: PendingRecord) {
+        self.log = Some(record);
     }
 
     /// Ties the request's guard to this body: the request stays in flight until the body
@@ -253,9 +278,12 @@ impl Body for ResponseBody {
             ResponseSource::Local(bytes) => Poll::Ready(bytes.take().map(|b| Ok(Frame::data(b)))),
         };
         match &polled {
-            Poll::Ready(Some(Ok(_))) => {
+            Poll::Ready(Some(Ok(frame))) => {
                 if let Some(r) = &this.request {
                     r.touch();
+                }
+                if let (Some(log), Some(data)) = (&mut this.log, frame.data_ref()) {
+                    log.sent(data.len());
                 }
                 if this.is_end_stream() {
                     this.completed();

@@ -31,6 +31,7 @@ use tokio::sync::Semaphore;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use crate::access_log::{AccessLog, ConnectionFacts, PendingRecord};
 use crate::config::{Limits, UpstreamProtocol};
 use crate::io::{Activity, Quiet, QuietLimits, RequestGuard};
 use crate::metrics::ListenerMetrics;
@@ -78,11 +79,24 @@ pub struct HttpForwarder {
     trusted: TrustedProxies,
     security_headers: bool,
     metrics: ListenerMetrics,
+    access_log: Option<Arc<AccessLog>>,
+}
+
+/// What the TLS handshake of a connection established, for its access log lines.
+#[derive(Clone, Copy, Debug)]
+pub struct TlsFacts {
+    /// `1.3` or `1.2`.
+    pub version: &'static str,
+    /// A resumed session.
+    pub resumed: bool,
+    /// The provider that made the handshake.
+    pub provider: &'static str,
 }
 
 impl HttpForwarder {
     /// Builds the pooled upstream clients for one listener. `trusted` proxies may set
     /// X-Forwarded-For; everybody else's is replaced.
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         pool: Arc<UpstreamPool>,
         protocol: UpstreamProtocol,
@@ -91,6 +105,7 @@ impl HttpForwarder {
         budget: Arc<BufferBudget>,
         trusted: TrustedProxies,
         security_headers: bool,
+        access_log: Option<Arc<AccessLog>>,
     ) -> Self {
         let mut connector = HttpConnector::new();
         connector.set_nodelay(true);
@@ -130,6 +145,7 @@ impl HttpForwarder {
             trusted,
             security_headers,
             metrics,
+            access_log,
         }
     }
 
@@ -145,6 +161,7 @@ impl HttpForwarder {
         io: IO,
         h2: bool,
         peer: SocketAddr,
+        tls: TlsFacts,
         activity: Arc<Activity>,
         shutdown: CancellationToken,
     ) -> Result<(), hyper::Error>
@@ -159,6 +176,16 @@ impl HttpForwarder {
             peer_trusted: self.trusted.contains(peer.ip()),
             client_protocol: if h2 { "h2" } else { "http1" },
             activity: activity.clone(),
+            // Only connections whose requests may be logged pay for this.
+            facts: self.access_log.as_ref().map(|_| {
+                Arc::new(ConnectionFacts {
+                    listener: Arc::from(self.metrics.name()),
+                    peer,
+                    tls_version: tls.version,
+                    provider: tls.provider,
+                    resumed: tls.resumed,
+                })
+            }),
         };
         let limits = &self.limits;
         if h2 {
@@ -266,7 +293,15 @@ impl HttpForwarder {
         let grpc = is_grpc(req.headers());
         let head_only = req.method() == http::Method::HEAD;
         let protocol_label = if grpc { "grpc" } else { client.client_protocol };
-        let mut resp = self.exchange(req, grpc, client, started).await;
+        let mut log = match (&self.access_log, &client.facts) {
+            (Some(access_log), Some(facts)) => {
+                access_log.begin(facts, req.method(), req.uri(), protocol_label)
+            }
+            _ => None,
+        };
+        let mut resp = self
+            .exchange(req, grpc, client, started, log.as_mut())
+            .await;
         if self.security_headers {
             let h = resp.headers_mut();
             h.entry(header::STRICT_TRANSPORT_SECURITY)
@@ -280,6 +315,10 @@ impl HttpForwarder {
             || resp.status() == http::StatusCode::NO_CONTENT
             || resp.status() == http::StatusCode::NOT_MODIFIED;
         resp.body_mut().track(request, bodiless);
+        if let Some(mut log) = log {
+            log.set_status(resp.status());
+            resp.body_mut().log_with(log);
+        }
         resp
     }
 
@@ -289,6 +328,7 @@ impl HttpForwarder {
         grpc: bool,
         client: &ForwardService,
         started: Instant,
+        mut log: Option<&mut PendingRecord>,
     ) -> Response<ResponseBody> {
         let fail = |failure: Failure, msg: &str| {
             error_response(failure, grpc, msg, started.elapsed().as_secs_f64())
@@ -409,6 +449,10 @@ impl HttpForwarder {
                 // Every node refused the connection; the last failure was logged.
                 return fail(Failure::UpstreamUnavailable, "the upstream is unavailable");
             };
+            if let Some(log) = log.as_deref_mut() {
+                log.set_upstream(lease.addr());
+            }
+            let bytes_in = log.as_deref().map(PendingRecord::bytes_in);
             let uri = match Uri::builder()
                 .scheme("http")
                 .authority(lease.addr().authority.clone())
@@ -433,6 +477,7 @@ impl HttpForwarder {
             let (upstream_req, body_return) = if can_retry {
                 let (capped, back) =
                     CappedBody::returnable(client_body, max_body, client.activity.clone());
+                let capped = capped.counting(bytes_in);
                 let head = parts.as_ref().expect("kept while retries remain");
                 let mut req = Request::new(capped);
                 *req.method_mut() = head.method.clone();
@@ -443,7 +488,8 @@ impl HttpForwarder {
             } else {
                 let mut head = parts.take().expect("the head is used once, last");
                 head.uri = uri;
-                let capped = CappedBody::new(client_body, max_body, client.activity.clone());
+                let capped = CappedBody::new(client_body, max_body, client.activity.clone())
+                    .counting(bytes_in);
                 (Request::from_parts(head, capped), None)
             };
 
@@ -545,6 +591,8 @@ struct ForwardService {
     peer_trusted: bool,
     client_protocol: &'static str,
     activity: Arc<Activity>,
+    /// For the access log; `None` when it is off.
+    facts: Option<Arc<ConnectionFacts>>,
 }
 
 impl hyper::service::Service<Request<Incoming>> for ForwardService {

@@ -155,6 +155,7 @@ pub struct Metrics {
     log_suppressed: IntCounter,
     upstream_retries: IntCounterVec,
     nodes: NodeVecs,
+    access_log: [IntCounter; 3],
     process: ProcessMetrics,
     qat: std::sync::Arc<std::sync::OnceLock<QatMetrics>>,
 }
@@ -331,6 +332,16 @@ impl Metrics {
         )
         .expect("static metric definition");
         let nodes = NodeVecs::register(&registry);
+        let access_log = [
+            ("proxy_access_log_lines_total", "Access log lines written."),
+            ("proxy_access_log_dropped_total", "Access log lines dropped because the writer's queue was full (the log's disk slower than the traffic)."),
+            ("proxy_access_log_write_errors_total", "Failed writes or reopens of the access log."),
+        ]
+        .map(|(name, help)| {
+            let c = IntCounter::new(name, help).expect("static metric definition");
+            registry.register(Box::new(c.clone())).expect("metric names are unique");
+            c
+        });
 
         for c in [
             Box::new(handshakes.clone()) as Box<dyn prometheus::core::Collector>,
@@ -384,6 +395,7 @@ impl Metrics {
             log_suppressed,
             upstream_retries,
             nodes,
+            access_log,
             process,
             qat: Default::default(),
         }
@@ -455,6 +467,11 @@ impl Metrics {
     /// An admin connection or request refused.
     pub fn admin_refused(&self, reason: &'static str) {
         self.admin_refusals.with_label_values(&[reason]).inc();
+    }
+
+    /// The access log's counters: lines written, dropped, write errors.
+    pub fn access_log(&self) -> [IntCounter; 3] {
+        self.access_log.clone()
     }
 
     /// The counter of log lines dropped by the rate limit.

@@ -395,6 +395,7 @@ pub fn resolve(config_file: Option<&PathBuf>, o: &Overrides) -> Result<Config, C
                 listen: String::new(),
                 cert: PathBuf::new(),
                 key: PathBuf::new(),
+                sni: Vec::new(),
                 upstream: Vec::new(),
                 balance: Balance::default(),
                 health_check: HealthCheckConfig::default(),
@@ -610,6 +611,24 @@ fn check_config(args: CheckConfigArgs) -> ExitCode {
                     eprintln!(
                         "proxy: warning: listener[{i}]: QAT offload would be off (software fallback): {why}"
                     );
+                }
+                // The SNI certificates, loaded as `run` loads them: with the provider in
+                // effect for the default certificate.
+                for (j, entry) in lc.sni.iter().enumerate() {
+                    if !entry.cert.is_file() || !entry.key.is_file() {
+                        continue;
+                    }
+                    if let Err(e) = crate::tls::resolve_listener_tls(
+                        resolved.provider.name(),
+                        &entry.cert,
+                        &entry.key,
+                        &lc.tls,
+                        lc.mode.default_alpn(),
+                        qat_state.as_deref(),
+                        crate::crypto::qat::Fallback::None,
+                    ) {
+                        problems.push(format!("listener[{i}].sni[{j}]: {e}"));
+                    }
                 }
             }
             Err(e) => problems.push(format!("listener[{i}]: {e}")),

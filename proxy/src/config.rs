@@ -393,6 +393,48 @@ pub enum UpstreamProtocol {
     H2c,
 }
 
+/// A certificate chosen by the server name a client asks for.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct SniCertificate {
+    /// Names it answers to: `vectors.example.com`, or `*.example.com` for any one label
+    /// in front of `example.com`. Exact names win over wildcards; case does not matter.
+    pub server_names: Vec<String>,
+    /// Certificate chain (PEM, end-entity first).
+    pub cert: PathBuf,
+    /// Private key (PEM).
+    pub key: PathBuf,
+}
+
+/// Whether `pattern` (a configured name, lowercase) covers the client's `name`: equal, or
+/// `*.rest` and `name` is one more label in front of `rest`.
+pub fn server_name_matches(pattern: &str, name: &str) -> bool {
+    match pattern.strip_prefix("*.") {
+        Some(rest) => name
+            .split_once('.')
+            .is_some_and(|(label, tail)| !label.is_empty() && tail.eq_ignore_ascii_case(rest)),
+        None => pattern.eq_ignore_ascii_case(name),
+    }
+}
+
+fn server_name_problem(name: &str) -> Option<String> {
+    let host = name.strip_prefix("*.").unwrap_or(name);
+    let valid_label = |l: &str| {
+        !l.is_empty()
+            && l.len() <= 63
+            && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+            && !l.starts_with('-')
+            && !l.ends_with('-')
+    };
+    if host.is_empty() || host.len() > 253 || !host.split('.').all(valid_label) {
+        Some(format!(
+            "{name:?} is not a DNS name (or *. followed by one)"
+        ))
+    } else {
+        None
+    }
+}
+
 /// How a request picks its upstream node among the healthy ones.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "kebab-case")]
@@ -602,6 +644,10 @@ pub struct ListenerConfig {
     pub cert: PathBuf,
     /// Private key (PEM: PKCS#8, PKCS#1 or SEC1).
     pub key: PathBuf,
+    /// Further certificates, each served to clients that ask for one of its names (SNI);
+    /// `cert` and `key` are the default, for other names and for clients that send none.
+    #[serde(default)]
+    pub sni: Vec<SniCertificate>,
     /// Upstream nodes: `http://127.0.0.1:6333` (or `tcp://host:port` in tcp mode), one URL
     /// or a list of them (any node of a Qdrant cluster accepts any request).
     #[serde(deserialize_with = "one_or_many")]
@@ -848,6 +894,27 @@ impl Config {
             for (f, path) in [("cert", &lc.cert), ("key", &lc.key)] {
                 if !path.is_file() {
                     problems.push(format!("{}: file not found: {}", field(f), path.display()));
+                }
+            }
+            let mut sni_names = std::collections::HashSet::new();
+            for (j, entry) in lc.sni.iter().enumerate() {
+                let at = field(&format!("sni[{j}]"));
+                if entry.server_names.is_empty() {
+                    problems.push(format!("{at}.server_names: at least one name is needed"));
+                }
+                for name in &entry.server_names {
+                    if let Some(p) = server_name_problem(name) {
+                        problems.push(format!("{at}.server_names: {p}"));
+                    } else if !sni_names.insert(name.to_ascii_lowercase()) {
+                        problems.push(format!(
+                            "{at}.server_names: {name:?} is already served by another certificate"
+                        ));
+                    }
+                }
+                for (f, path) in [("cert", &entry.cert), ("key", &entry.key)] {
+                    if !path.is_file() {
+                        problems.push(format!("{at}.{f}: file not found: {}", path.display()));
+                    }
                 }
             }
             if let Some(ca) = &lc.tls.client_ca {

@@ -189,6 +189,32 @@ impl Proxy {
                 "listener ready"
             );
             metrics.set_certificate_expiry(&name, cert.not_after);
+            let sni_sources: Vec<crate::switch::SniSource> = lc
+                .sni
+                .iter()
+                .map(|s| (s.server_names.clone(), s.cert.clone(), s.key.clone()))
+                .collect();
+            let sni = crate::switch::build_sni(
+                &sni_sources,
+                provider_name,
+                &crate::switch::ListenerTlsShape {
+                    name: &name,
+                    policy: &lc.tls,
+                    default_alpn,
+                    mode_label,
+                    offload_label: offload.label(),
+                },
+                qat_state
+                    .as_deref()
+                    .filter(|_| provider_name == crate::crypto::ProviderName::OpensslQat),
+                &metrics,
+            )
+            .map_err(|e| at("", &e))?;
+            crate::switch::list_sni(&metrics, &name, &sni);
+            for s in &sni {
+                warn_if_key_readable_by_others(&name, &s.key);
+                tracing::info!(listener = %name, server_names = %s.names.join(","), certificate = %s.cert.display(), algorithm = s.algorithm, "SNI certificate ready");
+            }
             if let Some(warning) = cert.expiry_warning() {
                 tracing::warn!(listener = %name, certificate = %lc.cert.display(), "{warning}");
             }
@@ -201,6 +227,7 @@ impl Proxy {
                     algorithm: cert.algorithm.label(),
                     cert: lc.cert.clone(),
                     key: lc.key.clone(),
+                    sni,
                 },
                 lc.tls.clone(),
                 default_alpn,
@@ -599,6 +626,7 @@ async fn handle_connection(
 
     // Read once: a switch while this handshake runs does not affect it.
     let current = ctx.tls.current();
+    // Until the ClientHello names a server, failures count against the default certificate.
     let m = &current.metrics;
     // The handshake's and the forwarding's state machines are boxed, so the task itself
     // (allocated for every connection at accept) holds only what an idle connection needs:
@@ -607,7 +635,7 @@ async fn handle_connection(
         ctx.limits.handshake_timeout,
         Box::pin(tls::accept(
             io,
-            current.config.clone(),
+            |server_name| current.config_for(server_name),
             &ctx.offload,
             current.waits_for_signer(),
         )),
@@ -634,6 +662,7 @@ async fn handle_connection(
         }
     };
     let (version, resumed, h2) = tls::describe(&tls_stream);
+    let m = current.metrics_for(tls_stream.get_ref().1.server_name());
     m.handshake_ok(version, resumed, started.elapsed());
 
     match &ctx.mode {

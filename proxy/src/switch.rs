@@ -49,6 +49,33 @@ impl FileStamp {
     }
 }
 
+/// A further certificate of a listener, for clients that ask for one of its names.
+pub struct SniTls {
+    /// The names, lowercase, as configured (`*.example.com` wildcards included).
+    pub names: Vec<String>,
+    /// The rustls configuration serving this certificate.
+    pub config: Arc<ServerConfig>,
+    /// Metrics labelled with this certificate's algorithm.
+    pub metrics: ListenerMetrics,
+    /// The certificate's algorithm label.
+    pub algorithm: &'static str,
+    /// Where the certificate chain was read from.
+    pub cert: PathBuf,
+    /// Where the private key was read from.
+    pub key: PathBuf,
+    /// The certificate's notAfter, seconds since the epoch.
+    pub not_after: i64,
+}
+
+/// Lists a listener's SNI certificates in the metrics, once they are in effect.
+pub fn list_sni(metrics: &Metrics, listener: &str, sni: &[SniTls]) {
+    let listed: Vec<(String, &'static str, i64)> = sni
+        .iter()
+        .map(|s| (s.names.join(","), s.algorithm, s.not_after))
+        .collect();
+    metrics.set_sni_certificates(listener, &listed);
+}
+
 /// What a listener handshakes with right now.
 pub struct ListenerTls {
     /// The rustls configuration.
@@ -63,13 +90,110 @@ pub struct ListenerTls {
     pub cert: PathBuf,
     /// Where the private key was read from.
     pub key: PathBuf,
+    /// Certificates chosen by server name; the one above serves every other name.
+    pub sni: Vec<SniTls>,
 }
 
 impl ListenerTls {
+    /// The SNI certificate for the name a client asked for: an exact name first, then a
+    /// wildcard; `None`: the default certificate.
+    pub fn sni_for(&self, server_name: Option<&str>) -> Option<&SniTls> {
+        let name = server_name?;
+        self.sni
+            .iter()
+            .find(|s| {
+                s.names
+                    .iter()
+                    .any(|p| !p.starts_with("*.") && p.eq_ignore_ascii_case(name))
+            })
+            .or_else(|| {
+                self.sni.iter().find(|s| {
+                    s.names
+                        .iter()
+                        .any(|p| crate::config::server_name_matches(p, name))
+                })
+            })
+    }
+
+    /// The configuration for a client that asked for `server_name`.
+    pub fn config_for(&self, server_name: Option<&str>) -> Arc<ServerConfig> {
+        self.sni_for(server_name)
+            .map_or(&self.config, |s| &s.config)
+            .clone()
+    }
+
+    /// The metrics of the certificate served to a client that asked for `server_name`.
+    pub fn metrics_for(&self, server_name: Option<&str>) -> &ListenerMetrics {
+        self.sni_for(server_name)
+            .map_or(&self.metrics, |s| &s.metrics)
+    }
+
     /// Handshakes wait for the asynchronous QAT signer (openssl-qat in effect).
     pub fn waits_for_signer(&self) -> bool {
         self.provider == ProviderName::OpensslQat
     }
+}
+
+/// A listener's SNI certificate as configured: names, certificate and key files.
+pub type SniSource = (Vec<String>, PathBuf, PathBuf);
+
+/// What a listener's TLS is built from, besides its provider and default certificate.
+pub struct ListenerTlsShape<'a> {
+    /// The listener's name.
+    pub name: &'a str,
+    /// Its TLS policy.
+    pub policy: &'a TlsPolicy,
+    /// ALPN protocols when the policy lists none.
+    pub default_alpn: &'a [&'a [u8]],
+    /// `http` or `tcp`, for metric labels.
+    pub mode_label: &'static str,
+    /// Where handshakes sign, for metric labels.
+    pub offload_label: &'static str,
+}
+
+/// Builds a listener's SNI certificates with `provider` (the one in effect for its default
+/// certificate), exactly as the default is built: key proven against the certificate, the
+/// QAT proof for openssl-qat. Blocking.
+pub fn build_sni(
+    sources: &[SniSource],
+    provider: ProviderName,
+    shape: &ListenerTlsShape<'_>,
+    qat: Option<&QatState>,
+    metrics: &Metrics,
+) -> Result<Vec<SniTls>, String> {
+    let mut built = Vec::with_capacity(sources.len());
+    for (names, cert_path, key_path) in sources {
+        let resolved = tls::resolve_listener_tls(
+            provider,
+            cert_path,
+            key_path,
+            shape.policy,
+            shape.default_alpn,
+            qat,
+            Fallback::None,
+        )
+        .map_err(|e| format!("SNI certificate {}: {e}", cert_path.display()))?;
+        let algorithm = resolved.cert.algorithm.label();
+        if let Some(warning) = resolved.cert.expiry_warning() {
+            tracing::warn!(listener = %shape.name, certificate = %cert_path.display(), "{warning}");
+        }
+        built.push(SniTls {
+            names: names.iter().map(|n| n.to_ascii_lowercase()).collect(),
+            config: resolved.config,
+            metrics: metrics.listener(
+                shape.name,
+                provider.as_str(),
+                algorithm,
+                shape.mode_label,
+                tls::handshake_label(provider, shape.offload_label),
+            ),
+            algorithm,
+            cert: cert_path.clone(),
+            key: key_path.clone(),
+            not_after: resolved.cert.not_after,
+        });
+    }
+    Ok(built)
 }
 
 /// One listener's switchable TLS state and what a rebuild needs.
@@ -216,7 +340,11 @@ impl TlsSwitch {
             .iter()
             .flat_map(|l| {
                 let current = l.current();
-                [current.cert.clone(), current.key.clone()]
+                let mut paths = vec![current.cert.clone(), current.key.clone()];
+                for s in &current.sni {
+                    paths.extend([s.cert.clone(), s.key.clone()]);
+                }
+                paths
             })
             .map(|path| FileStamp::of(&path))
             .collect()
@@ -285,11 +413,40 @@ impl TlsSwitch {
             if let Some(warning) = cert.expiry_warning() {
                 tracing::warn!(listener = %l.name, certificate = %req.cert.display(), "{warning}");
             }
-            built.push((l, provider, cert.algorithm.label(), cert.not_after, config));
+            // The SNI certificates keep their files and follow the default's provider.
+            let sources: Vec<SniSource> = l
+                .current()
+                .sni
+                .iter()
+                .map(|s| (s.names.clone(), s.cert.clone(), s.key.clone()))
+                .collect();
+            let sni = build_sni(
+                &sources,
+                provider.name(),
+                &ListenerTlsShape {
+                    name: &l.name,
+                    policy: &l.policy,
+                    default_alpn: &alpn,
+                    mode_label: l.mode_label,
+                    offload_label: l.offload_label,
+                },
+                self.qat.as_deref(),
+                &self.metrics,
+            )
+            .map_err(|e| invalid(l, &e))?;
+            built.push((
+                l,
+                provider,
+                cert.algorithm.label(),
+                cert.not_after,
+                config,
+                sni,
+            ));
         }
         let mut outcomes = Vec::with_capacity(built.len());
-        for (l, provider, algorithm, not_after, config) in built {
+        for (l, provider, algorithm, not_after, config, sni) in built {
             let old = l.current();
+            list_sni(&self.metrics, &l.name, &sni);
             let metrics = self.metrics.listener(
                 &l.name,
                 provider.name().as_str(),
@@ -304,6 +461,7 @@ impl TlsSwitch {
                 algorithm,
                 cert: req.cert.clone(),
                 key: req.key.clone(),
+                sni,
             }));
             self.metrics.set_certificate_expiry(&l.name, not_after);
             if (old.provider, old.algorithm) != (provider.name(), algorithm) {

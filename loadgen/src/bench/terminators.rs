@@ -163,15 +163,22 @@ pub fn start_proxy(
          [admin]\nlisten = \"127.0.0.1:0\"\n",
         provider.as_str()
     );
-    let upstream = sinks
-        .iter()
-        .map(|s| format!("\"http://{s}\""))
-        .collect::<Vec<_>>()
-        .join(", ");
+    // One node is written as a plain string, which every proxy version reads (a bench of an
+    // older build, for before/after figures).
+    let upstream = match sinks {
+        [one] => format!("\"http://{one}\""),
+        many => format!(
+            "[{}]",
+            many.iter()
+                .map(|s| format!("\"http://{s}\""))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+    };
     for alg in &certs.algorithms {
         toml.push_str(&format!(
             "[[listener]]\nname = \"{alg}\"\nlisten = \"127.0.0.1:0\"\ncert = \"{}\"\nkey = \"{}\"\n\
-             upstream = [{upstream}]\n[listener.tls]\nmin_version = \"1.3\"\n\
+             upstream = {upstream}\n[listener.tls]\nmin_version = \"1.3\"\n\
              kx_groups = [\"x25519\"]\nresumption = false\n",
             certs.cert(*alg).display(),
             certs.key(*alg).display(),

@@ -156,6 +156,7 @@ pub struct Metrics {
     upstream_retries: IntCounterVec,
     nodes: NodeVecs,
     access_log: [IntCounter; 3],
+    sni_certificates: IntGaugeVec,
     process: ProcessMetrics,
     qat: std::sync::Arc<std::sync::OnceLock<QatMetrics>>,
 }
@@ -332,6 +333,17 @@ impl Metrics {
         )
         .expect("static metric definition");
         let nodes = NodeVecs::register(&registry);
+        let sni_certificates = IntGaugeVec::new(
+            Opts::new(
+                "proxy_tls_sni_certificate_expiry_timestamp_seconds",
+                "notAfter of each SNI certificate of a listener (by its server names and algorithm), in seconds since the Unix epoch.",
+            ),
+            &["listener", "server_names", "algorithm"],
+        )
+        .expect("static metric definition");
+        registry
+            .register(Box::new(sni_certificates.clone()))
+            .expect("metric names are unique");
         let access_log = [
             ("proxy_access_log_lines_total", "Access log lines written."),
             ("proxy_access_log_dropped_total", "Access log lines dropped because the writer's queue was full (the log's disk slower than the traffic)."),
@@ -396,6 +408,7 @@ impl Metrics {
             upstream_retries,
             nodes,
             access_log,
+            sni_certificates,
             process,
             qat: Default::default(),
         }
@@ -484,6 +497,43 @@ impl Metrics {
         self.certificate_expiry
             .with_label_values(&[listener])
             .set(not_after);
+    }
+
+    /// Lists a listener's SNI certificates (replacing what was listed before).
+    pub fn set_sni_certificates(&self, listener: &str, certs: &[(String, &'static str, i64)]) {
+        // Old entries go: a switch may have changed an algorithm.
+        let old: Vec<[String; 3]> = {
+            use prometheus::core::Collector;
+            let label = |m: &prometheus::proto::Metric, name: &str| {
+                m.get_label()
+                    .iter()
+                    .find(|l| l.name() == name)
+                    .map_or_else(String::new, |l| l.value().to_owned())
+            };
+            self.sni_certificates
+                .collect()
+                .iter()
+                .flat_map(|f| f.get_metric().iter())
+                .map(|m| {
+                    [
+                        label(m, "listener"),
+                        label(m, "server_names"),
+                        label(m, "algorithm"),
+                    ]
+                })
+                .filter(|l| l[0] == listener)
+                .collect()
+        };
+        for [l, names, algorithm] in old {
+            let _ = self
+                .sni_certificates
+                .remove_label_values(&[&l, &names, &algorithm]);
+        }
+        for (names, algorithm, not_after) in certs {
+            self.sni_certificates
+                .with_label_values(&[listener, names.as_str(), algorithm])
+                .set(*not_after);
+        }
     }
 
     /// Counts a SIGHUP reload of a listener's certificate and key.

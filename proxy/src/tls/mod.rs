@@ -294,14 +294,18 @@ pub struct HandshakeError {
 /// only waits for it, so it runs on tokio's blocking threads, as many at once as there are
 /// handshakes (a pool of a few workers would cap the batch at the pool's size). Otherwise
 /// it signs in software where `offload` says.
-pub async fn accept<IO>(
+///
+/// `choose` picks the configuration by the server name the client asked for (SNI), once
+/// its ClientHello has arrived.
+pub async fn accept<IO, C>(
     io: IO,
-    config: Arc<ServerConfig>,
+    choose: C,
     offload: &Offload,
     waits_for_signer: bool,
 ) -> Result<TlsStream<IO>, HandshakeError>
 where
     IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    C: FnOnce(Option<&str>) -> Arc<ServerConfig>,
 {
     // Counted from the first byte to the last flight, so that the QAT signer knows how many
     // signatures are coming: a partial batch waits only while enough handshakes are under
@@ -316,6 +320,7 @@ where
             kind: "client_hello",
             source,
         })?;
+    let config = choose(start.client_hello().server_name());
     // `into_stream` processes the ClientHello and produces the server's first flight, which
     // includes the signature (TLS 1.3 CertificateVerify, TLS 1.2 ServerKeyExchange): that
     // call is what the pool takes off the reactor.

@@ -13,6 +13,7 @@ pub mod bench;
 pub mod client;
 pub mod compare;
 pub mod driver;
+pub mod merge;
 pub mod probe;
 pub mod report;
 pub mod result;

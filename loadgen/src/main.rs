@@ -30,6 +30,17 @@ enum Command {
         /// The folder `loadgen compare --out` wrote.
         dir: std::path::PathBuf,
     },
+    /// One result from the results of loadgen processes that ran the same cell side by
+    /// side (`run --start-at`): counts and bytes summed, latency histograms merged exactly,
+    /// CPU summed per host.
+    Merge {
+        /// Run results (`loadgen run --out`), two or more.
+        #[arg(required = true, num_args = 2..)]
+        results: Vec<std::path::PathBuf>,
+        /// Where the merged result goes.
+        #[arg(long)]
+        out: std::path::PathBuf,
+    },
     /// The terminator benchmark: our proxy per provider beside nginx and HAProxy, CPU per
     /// new connection and per MB, memory per idle connection, latency; a table of ratios.
     Bench(Box<loadgen::bench::BenchArgs>),
@@ -133,6 +144,36 @@ fn main() -> ExitCode {
                     }
                 }
             })
+        }
+        Command::Merge { results, out } => {
+            let names: Vec<String> = results.iter().map(|p| p.display().to_string()).collect();
+            let merged = loadgen::merge::read(&results)
+                .and_then(|list| loadgen::merge::merge(&list, &names))
+                .and_then(|m| {
+                    let text = serde_json::to_vec_pretty(&m)?;
+                    std::fs::write(&out, text)?;
+                    Ok(m)
+                });
+            match merged {
+                Ok(m) => {
+                    println!(
+                        "merged {} results into {}: {} requests ok, {} failed, {:.1} requests/s over {:.1} s, p50 {} ms, p99 {} ms",
+                        results.len(),
+                        out.display(),
+                        m.requests_ok,
+                        m.requests_failed,
+                        m.requests_per_second,
+                        m.measured_seconds,
+                        m.latency_ms.as_ref().map_or("n/a".into(), |l| format!("{:.2}", l.p50)),
+                        m.latency_ms.as_ref().map_or("n/a".into(), |l| format!("{:.2}", l.p99)),
+                    );
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("error: {e:#}");
+                    ExitCode::from(2)
+                }
+            }
         }
         Command::Report { dir } => match loadgen::report::render(&dir) {
             Ok(report) => {

@@ -89,6 +89,9 @@ pub struct Cell {
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Environment {
+    /// The load generator's host name (merged results sum CPU per host).
+    #[serde(default)]
+    pub host: String,
     pub cpu_model: String,
     pub cores: usize,
     pub kernel: String,
@@ -233,6 +236,67 @@ pub struct RunResult {
     pub embed_live: Option<EmbedLiveRecord>,
     pub warnings: Vec<String>,
     pub interrupted: bool,
+    /// The measured phase on the wall clock, for `loadgen merge`.
+    #[serde(default)]
+    pub window: Option<MeasuredWindow>,
+    /// The measured phase's latency histograms, for `loadgen merge`.
+    #[serde(default)]
+    pub histograms: Option<Histograms>,
+    /// Request body bytes of the acknowledged measured requests.
+    #[serde(default)]
+    pub payload_bytes: Option<u64>,
+    /// A merged result: the files it was made of.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub merged_from: Vec<String>,
+}
+
+/// When the measured phase ran, in seconds since the Unix epoch.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq)]
+pub struct MeasuredWindow {
+    pub from_unix_s: f64,
+    pub until_unix_s: f64,
+}
+
+/// HDR histograms of microseconds (V2 with deflate, base64): what `loadgen merge` adds up,
+/// so merged percentiles are those of the union of samples, never averages.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct Histograms {
+    pub latency_us: String,
+    pub handshake_us: String,
+}
+
+impl Histograms {
+    /// Encodes both histograms.
+    pub fn encode(latency: &Histogram<u64>, handshake: &Histogram<u64>) -> Self {
+        Self {
+            latency_us: encode_histogram(latency),
+            handshake_us: encode_histogram(handshake),
+        }
+    }
+}
+
+/// A histogram as base64 of its V2-deflate serialization (HdrHistogram's own format).
+pub fn encode_histogram(h: &Histogram<u64>) -> String {
+    use base64::Engine;
+    use hdrhistogram::serialization::{Serializer, V2DeflateSerializer};
+    let mut bytes = Vec::new();
+    // Serialising into a Vec fails only on a histogram too large for the format's 32-bit
+    // lengths, which a run's microsecond histogram never is.
+    V2DeflateSerializer::new()
+        .serialize(h, &mut bytes)
+        .expect("a run's histogram serialises");
+    base64::engine::general_purpose::STANDARD.encode(bytes)
+}
+
+/// The histogram [`encode_histogram`] wrote.
+pub fn decode_histogram(text: &str) -> Result<Histogram<u64>, String> {
+    use base64::Engine;
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(text)
+        .map_err(|e| format!("not base64: {e}"))?;
+    hdrhistogram::serialization::Deserializer::new()
+        .deserialize(&mut std::io::Cursor::new(bytes))
+        .map_err(|e| format!("not an HDR histogram: {e:?}"))
 }
 
 impl RunResult {

@@ -198,6 +198,12 @@ pub struct RunArgs {
     #[arg(long, default_value = "2s")]
     #[serde(serialize_with = "serialize_duration")]
     pub warmup: humantime::Duration,
+    /// Start the load (its warm-up) at this wall-clock time, RFC 3339 (e.g.
+    /// 2026-12-01T10:00:00Z): several loadgen processes, on one host or many, then measure
+    /// the same window, and `loadgen merge` makes one result of theirs.
+    #[arg(long, value_parser = humantime::parse_rfc3339_weak)]
+    #[serde(serialize_with = "serialize_time")]
+    pub start_at: Option<std::time::SystemTime>,
     /// A request without a complete answer by then counts as a timeout error.
     #[arg(long, default_value = "30s")]
     #[serde(serialize_with = "serialize_duration")]
@@ -290,6 +296,16 @@ fn serialize_display<T: std::fmt::Display, S: serde::Serializer>(
     s: S,
 ) -> Result<S::Ok, S::Error> {
     s.collect_str(v)
+}
+
+fn serialize_time<S: serde::Serializer>(
+    t: &Option<std::time::SystemTime>,
+    s: S,
+) -> std::result::Result<S::Ok, S::Error> {
+    match t {
+        Some(t) => s.collect_str(&humantime::format_rfc3339_millis(*t)),
+        None => s.serialize_none(),
+    }
 }
 
 fn serialize_duration<S: serde::Serializer>(
@@ -658,7 +674,26 @@ pub async fn execute(args: &RunArgs, stop: CancellationToken) -> Result<RunResul
     };
     drop(admin);
 
+    if let Some(at) = args.start_at {
+        // Everything is prepared; the barrier is the last thing before the load.
+        match at.duration_since(std::time::SystemTime::now()) {
+            Ok(wait) => {
+                tokio::select! {
+                    _ = tokio::time::sleep(wait) => {}
+                    _ = stop.cancelled() => bail!("interrupted while waiting for --start-at"),
+                }
+            }
+            Err(late) => bail!(
+                "--start-at is {:.1} s in the past once the run was prepared: give a later time",
+                late.duration().as_secs_f64()
+            ),
+        }
+    }
     let started_at = humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string();
+    // The measured phase starts when the warm-up ends, on the wall clock too.
+    let measured_from = (std::time::SystemTime::now() + Duration::from(args.warmup))
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64());
     let duration = match (args.duration, args.requests) {
         (Some(d), _) => Some(Duration::from(d)),
         (None, Some(_)) => None,
@@ -814,6 +849,7 @@ pub async fn execute(args: &RunArgs, stop: CancellationToken) -> Result<RunResul
         environment: {
             let (cpu_model, cores, kernel) = probe::cpu::machine_facts(&proc_root);
             Environment {
+                host: probe::cpu::host_name(&proc_root),
                 cpu_model,
                 cores,
                 kernel,
@@ -870,6 +906,16 @@ pub async fn execute(args: &RunArgs, stop: CancellationToken) -> Result<RunResul
         embed_live,
         warnings,
         interrupted: outcome.interrupted,
+        window: Some(MeasuredWindow {
+            from_unix_s: measured_from,
+            until_unix_s: measured_from + secs,
+        }),
+        histograms: Some(Histograms::encode(
+            &outcome.latency_us,
+            &outcome.handshake_us,
+        )),
+        payload_bytes: Some(outcome.ok_body_bytes),
+        merged_from: Vec::new(),
     };
     if let Some(path) = &args.out {
         write_json(path, &result)?;

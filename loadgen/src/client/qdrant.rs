@@ -44,7 +44,14 @@ impl<'a> Admin<'a> {
         if exists {
             self.delete(collection).await?;
         }
-        self.create(collection, dim).await?;
+        if let Err(e) = self.create(collection, dim).await {
+            // Several loadgen processes started together (--start-at) all find it missing;
+            // one creates it, and for the others it exists now.
+            if !recreate && self.exists(collection).await.unwrap_or(false) {
+                return Ok(false);
+            }
+            return Err(e);
+        }
         Ok(true)
     }
 

@@ -156,6 +156,15 @@ pub fn find_processes(proc_root: &Path, name: &str) -> Vec<u32> {
 }
 
 /// CPU model, cores, kernel.
+/// This host's name (for results merged across hosts), `unknown` if unreadable.
+pub fn host_name(proc_root: &Path) -> String {
+    std::fs::read_to_string(proc_root.join("sys/kernel/hostname"))
+        .map(|s| s.trim().to_owned())
+        .ok()
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| "unknown".to_owned())
+}
+
 pub fn machine_facts(proc_root: &Path) -> (String, usize, String) {
     let cpuinfo = std::fs::read_to_string(proc_root.join("cpuinfo")).unwrap_or_default();
     let model = cpuinfo

@@ -306,6 +306,9 @@ fn median(sorted: &[f64]) -> f64 {
     }
 }
 
+/// A cell's results by round, each with the file it came from.
+type RepeatParts = BTreeMap<u32, Vec<(String, RunResult)>>;
+
 /// Reads every cell JSON of `dir/cells`.
 pub fn load(dir: &Path) -> Result<Report> {
     let cells_dir = dir.join("cells");
@@ -320,7 +323,9 @@ pub fn load(dir: &Path) -> Result<Report> {
         .filter(|p| p.extension().is_some_and(|e| e == "json"))
         .collect();
     files.sort();
-    let mut runs: BTreeMap<(String, String), Vec<RunResult>> = BTreeMap::new();
+    // (provider, algorithm) -> repeat -> the results of that repeat: several when loadgen
+    // processes ran the cell side by side (merged below).
+    let mut parts: BTreeMap<(String, String), RepeatParts> = BTreeMap::new();
     let mut failures: Vec<CellFailure> = Vec::new();
     for f in &files {
         let bytes = std::fs::read(f).with_context(|| format!("reading {}", f.display()))?;
@@ -336,12 +341,27 @@ pub fn load(dir: &Path) -> Result<Report> {
                         f.display()
                     );
                 };
-                runs.entry((cell.provider, cell.algorithm))
+                parts
+                    .entry((cell.provider, cell.algorithm))
                     .or_default()
-                    .push(r);
+                    .entry(cell.repeat)
+                    .or_default()
+                    .push((f.display().to_string(), r));
             }
             Some(FAILURE_SCHEMA) => failures.push(serde_json::from_value(v)?),
             other => bail!("{}: unknown schema {other:?}", f.display()),
+        }
+    }
+    let mut runs: BTreeMap<(String, String), Vec<RunResult>> = BTreeMap::new();
+    for (cell, repeats) in parts {
+        for (_, mut list) in repeats {
+            let run = if list.len() == 1 {
+                list.pop().expect("one").1
+            } else {
+                let (names, results): (Vec<String>, Vec<RunResult>) = list.into_iter().unzip();
+                crate::merge::merge(&results, &names)?
+            };
+            runs.entry(cell.clone()).or_default().push(run);
         }
     }
     if runs.is_empty() && failures.is_empty() {

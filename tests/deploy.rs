@@ -1,0 +1,407 @@
+//! deploy/compose and deploy/kubernetes, checked without a container engine or a cluster:
+//! the compose file as docker-compose resolves it (PyPI's docker-compose 1.29, `config`),
+//! every Kubernetes manifest of every variant against the schemas of a pinned Kubernetes
+//! version (PyPI's kubernetes-validate), and both against our binaries: the proxy
+//! configurations they ship pass `proxy check-config`, every flag they pass exists, the
+//! ports they publish are the ports the configurations listen on. `.ci/run` installs the
+//! two Python tools.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use e2e::*;
+use proxy::crypto::CertAlgorithmName;
+use serde_json::Value;
+
+/// The Kubernetes version whose schemas the manifests are validated against.
+const KUBERNETES_VERSION: &str = "1.31.0";
+/// Where every variant mounts the certificates.
+const CERT_DIR: &str = "/etc/vector-tls-proxy/certs/";
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("workspace root")
+        .to_owned()
+}
+
+/// The virtualenv of a validator (`compose` or `k8s`), installed once on first use.
+fn validator_python(which: &str) -> PathBuf {
+    static DIR: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    let dir = DIR.get_or_init(|| {
+        let dir = std::env::var_os("DEPLOY_VALIDATORS").map_or_else(
+            || {
+                PathBuf::from(std::env::var_os("HOME").expect("HOME"))
+                    .join(".cache/vector-tls-proxy/validators")
+            },
+            PathBuf::from,
+        );
+        // Idempotent, and quick when they are there; PyPI is reachable from these
+        // machines, and .ci/run runs it up front.
+        let status = Command::new(repo().join("tests/deploy/install-validators.sh"))
+            .env("DEPLOY_VALIDATORS", &dir)
+            .status()
+            .expect("tests/deploy/install-validators.sh");
+        assert!(
+            status.success(),
+            "installing the deployment validators failed"
+        );
+        dir
+    });
+    dir.join(which).join("bin/python")
+}
+
+fn render(args: &[&str]) -> Value {
+    let venv = if args[0] == "compose" {
+        "compose"
+    } else {
+        "k8s"
+    };
+    let out = Command::new(validator_python(venv))
+        .arg(repo().join("tests/deploy/render.py"))
+        .args(args)
+        .output()
+        .expect("python3");
+    assert!(
+        out.status.success(),
+        "render.py {args:?}: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("render.py prints JSON")
+}
+
+fn help(binary: &str, subcommand: &str) -> String {
+    let out = Command::new(e2e::binary(binary))
+        .args([subcommand, "--help"])
+        .output()
+        .expect("help");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Every `--flag` of `args` is one `help` lists.
+fn assert_flags_exist(args: &[String], help: &str, what: &str) {
+    for a in args.iter().filter(|a| a.starts_with("--") && a.len() > 2) {
+        let flag = a.split('=').next().unwrap();
+        assert!(
+            help.contains(&format!("{flag} ")) || help.contains(&format!("{flag}\n")),
+            "{what}: {flag} is not a flag of ours:\n{help}"
+        );
+    }
+}
+
+/// A proxy configuration as shipped, with the certificate folder pointed at test files of
+/// the names the deployment provides (gen-certs' names, cert-manager's tls.crt/tls.key);
+/// it must pass `proxy check-config`.
+fn assert_config_checks(toml: &str, what: &str) {
+    let dir = temp_dir("deploy-certs");
+    let (cert, key) = server_cert(CertAlgorithmName::EcdsaP256);
+    for (src, names) in [
+        (&cert, ["ecdsa-p256.crt", "tls.crt"]),
+        (&key, ["ecdsa-p256.key", "tls.key"]),
+    ] {
+        for name in names {
+            std::fs::copy(src, dir.join(name)).unwrap();
+        }
+    }
+    std::fs::write(dir.join("admin.token"), "0123456789abcdef0123456789abcdef").unwrap();
+    let local = toml.replace(CERT_DIR, &format!("{}/", dir.display()));
+    let file = dir.join("proxy.toml");
+    std::fs::write(&file, local).unwrap();
+    let (status, text) = run_proxy_to_exit(&["check-config", file.to_str().unwrap()]);
+    assert!(status.success(), "{what}: proxy check-config: {text}");
+}
+
+/// The ports a proxy configuration's listeners and admin port listen on.
+fn listen_ports(toml: &str) -> Vec<u16> {
+    let v: toml::Value = toml::from_str(toml).expect("TOML");
+    let port = |s: &str| s.rsplit(':').next().unwrap().parse::<u16>().unwrap();
+    let mut ports: Vec<u16> = v["listener"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| port(l["listen"].as_str().unwrap()))
+        .collect();
+    ports.push(port(v["admin"]["listen"].as_str().unwrap()));
+    ports
+}
+
+fn strings(v: &Value) -> Vec<String> {
+    v.as_array()
+        .map(|a| a.iter().map(|s| s.as_str().unwrap().to_owned()).collect())
+        .unwrap_or_default()
+}
+
+#[test]
+fn compose_file_is_valid_and_agrees_with_the_binaries() {
+    let compose = repo().join("deploy/compose/compose.yaml");
+    let c = render(&["compose", compose.to_str().unwrap()]);
+    let services = c["services"].as_object().expect("services");
+    for name in [
+        "qdrant",
+        "certs",
+        "proxy",
+        "ovms",
+        "node-exporter",
+        "prometheus",
+        "grafana",
+        "loadgen",
+    ] {
+        assert!(services.contains_key(name), "service {name} missing");
+    }
+    // Every image pinned by version.
+    for (name, s) in services {
+        let image = s["image"]
+            .as_str()
+            .unwrap_or_else(|| panic!("{name}: no image"));
+        let tag = image
+            .rsplit('/')
+            .next()
+            .unwrap()
+            .split_once(':')
+            .map(|(_, t)| t);
+        assert!(
+            tag.is_some_and(|t| t != "latest" && t.chars().any(|c| c.is_ascii_digit())),
+            "{name}: image {image} is not pinned to a version"
+        );
+    }
+    // Qdrant's own ports stay inside; the proxy publishes exactly its listeners.
+    assert!(
+        services["qdrant"].get("ports").is_none(),
+        "qdrant publishes ports"
+    );
+    let published: Vec<u64> = services["proxy"]["ports"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["target"].as_u64().unwrap())
+        .collect();
+    let config_text = std::fs::read_to_string(repo().join("deploy/compose/proxy.toml")).unwrap();
+    let ports = listen_ports(&config_text);
+    assert_eq!(published, [ports[0] as u64, ports[1] as u64]);
+    assert_eq!(ports[2], 9900);
+
+    // The proxy runs the mounted configuration, which checks out.
+    let proxy = &services["proxy"];
+    let command = strings(&proxy["command"]);
+    assert_eq!(command[..2], ["run", "--config"]);
+    assert_flags_exist(&command, &help("proxy", "run"), "proxy command");
+    let volumes = proxy["volumes"].as_array().unwrap();
+    let mounted = |target: &str| {
+        volumes
+            .iter()
+            .find(|v| v["target"] == target)
+            .unwrap_or_else(|| panic!("nothing mounted at {target}: {volumes:?}"))
+    };
+    let config_mount = mounted(&command[2]);
+    assert!(
+        config_mount["source"]
+            .as_str()
+            .unwrap()
+            .ends_with("deploy/compose/proxy.toml"),
+        "{config_mount}"
+    );
+    assert_eq!(mounted(CERT_DIR.trim_end_matches('/'))["source"], "certs");
+    assert_config_checks(&config_text, "deploy/compose/proxy.toml");
+
+    // The certificates come from our gen-certs, into the volume the proxy reads.
+    let certs_script = strings(&services["certs"]["command"]).join(" ");
+    assert!(
+        certs_script.contains("proxy gen-certs --out /etc/vector-tls-proxy/certs --san proxy"),
+        "{certs_script}"
+    );
+    let gen_flags: Vec<String> = certs_script
+        .split_whitespace()
+        .skip_while(|w| *w != "gen-certs")
+        .take_while(|w| *w != "&&")
+        .map(str::to_owned)
+        .collect();
+    assert_flags_exist(&gen_flags, &help("proxy", "gen-certs"), "certs command");
+
+    // loadgen: compare's flags, then every cell's run flags after `--`.
+    let lg = strings(&services["loadgen"]["command"]);
+    let split = lg
+        .iter()
+        .position(|a| a == "--")
+        .expect("-- before run flags");
+    assert_eq!(lg[0], "compare");
+    assert_flags_exist(&lg[..split], &help("loadgen", "compare"), "loadgen compare");
+    assert_flags_exist(
+        &lg[split + 1..],
+        &help("loadgen", "run"),
+        "loadgen run flags",
+    );
+    let target = &lg[lg.iter().position(|a| a == "--target").unwrap() + 1];
+    assert_eq!(
+        target,
+        &format!("proxy:{}", ports[1]),
+        "loadgen's gRPC target"
+    );
+    let model = &lg[lg.iter().position(|a| a == "--embeddings-model").unwrap() + 1];
+    assert!(
+        strings(&services["ovms"]["command"]).contains(model),
+        "loadgen asks OVMS for the model it serves"
+    );
+    assert_eq!(
+        services["loadgen"]["profiles"],
+        serde_json::json!(["bench"])
+    );
+
+    // Every file mounted from the repository exists; Prometheus' configuration loads with
+    // the shipped rules and scrapes the proxy's admin port.
+    for (name, s) in services {
+        for v in s["volumes"].as_array().into_iter().flatten() {
+            if v["type"] == "bind" {
+                let source = v["source"].as_str().unwrap();
+                if source.starts_with(repo().to_str().unwrap()) && !source.ends_with("/results") {
+                    assert!(Path::new(source).exists(), "{name}: {source} missing");
+                }
+            }
+        }
+    }
+    let prom = std::fs::read_to_string(repo().join("deploy/compose/prometheus.yml")).unwrap();
+    assert!(prom.contains("\"proxy:9900\""), "{prom}");
+    let dir = temp_dir("deploy-prom");
+    std::fs::copy(
+        repo().join("deploy/prometheus/vector-tls-proxy.rules.yml"),
+        dir.join("vector-tls-proxy.rules.yml"),
+    )
+    .unwrap();
+    let (cert, _) = server_cert(CertAlgorithmName::EcdsaP256);
+    let local = prom
+        .replace(
+            "/etc/prometheus/vector-tls-proxy.rules.yml",
+            dir.join("vector-tls-proxy.rules.yml").to_str().unwrap(),
+        )
+        .replace("/etc/vector-tls-proxy/certs/ca.crt", cert.to_str().unwrap());
+    std::fs::write(dir.join("prometheus.yml"), local).unwrap();
+    let out = Command::new("promtool")
+        .args(["check", "config"])
+        .arg(dir.join("prometheus.yml"))
+        .output()
+        .expect("promtool");
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn kubernetes_manifests_validate_and_agree_with_the_binaries() {
+    let k8s = repo().join("deploy/kubernetes");
+    let dirs: Vec<String> = [
+        "overlays/deployment",
+        "overlays/sidecar",
+        "overlays/qat",
+        "loadgen",
+    ]
+    .iter()
+    .map(|d| k8s.join(d).display().to_string())
+    .collect();
+    let mut validate_args = vec!["validate", KUBERNETES_VERSION];
+    validate_args.extend(dirs.iter().map(String::as_str));
+    let report = render(&validate_args);
+    let mut valid = 0;
+    for r in report.as_array().unwrap() {
+        match r["outcome"].as_str().unwrap() {
+            "valid" => valid += 1,
+            "no schema" => assert!(
+                r["resource"].as_str().unwrap().contains("ServiceMonitor/"),
+                "only the Prometheus Operator's CRD lacks a bundled schema: {r}"
+            ),
+            _ => panic!("invalid against Kubernetes {KUBERNETES_VERSION}: {r}"),
+        }
+    }
+    eprintln!("kubernetes {KUBERNETES_VERSION}: {valid} resources valid\n{report:#}");
+    assert!(valid >= 25, "{valid} resources validated");
+
+    let run_help = help("proxy", "run");
+    let loadgen_help = help("loadgen", "run");
+    for (variant, dir) in ["deployment", "sidecar", "qat"].iter().zip(&dirs) {
+        let resources = render(&["kustomize", dir]);
+        let list = resources.as_array().unwrap();
+        let find = |kind: &str, name: &str| {
+            list.iter()
+                .find(|r| r["kind"] == kind && r["metadata"]["name"] == name)
+                .unwrap_or_else(|| panic!("{variant}: no {kind}/{name}"))
+        };
+        // Qdrant: three peers in cluster mode, behind a disruption budget.
+        let qdrant = find("StatefulSet", "qdrant");
+        assert_eq!(qdrant["spec"]["replicas"], 3);
+        find("PodDisruptionBudget", "qdrant");
+        let config = find("ConfigMap", "vector-tls-proxy")["data"]["proxy.toml"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        assert_config_checks(&config, &format!("{variant} ConfigMap"));
+        let ports = listen_ports(&config);
+        // The proxy container: where it runs depends on the variant.
+        let pod = if *variant == "sidecar" {
+            &qdrant["spec"]["template"]["spec"]
+        } else {
+            &find("Deployment", "vector-tls-proxy")["spec"]["template"]["spec"]
+        };
+        let container = pod["containers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["name"] == "proxy")
+            .unwrap_or_else(|| panic!("{variant}: no proxy container"));
+        let args = strings(&container["args"]);
+        assert_eq!(
+            args[..3],
+            ["run", "--config", "/etc/vector-tls-proxy/proxy.toml"]
+        );
+        assert_flags_exist(&args, &run_help, variant);
+        let container_ports: Vec<u64> = container["ports"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| p["containerPort"].as_u64().unwrap())
+            .collect();
+        assert_eq!(
+            container_ports,
+            ports.iter().map(|p| *p as u64).collect::<Vec<_>>(),
+            "{variant}: container ports are the configuration's"
+        );
+        assert_eq!(container["readinessProbe"]["httpGet"]["path"], "/readyz");
+        let mounts = container["volumeMounts"].as_array().unwrap();
+        assert!(
+            mounts
+                .iter()
+                .any(|m| m["mountPath"] == CERT_DIR.trim_end_matches('/')),
+            "{variant}: certificates not mounted where the configuration reads them"
+        );
+        assert!(
+            !container["resources"]["requests"].is_null(),
+            "{variant}: no resource requests"
+        );
+        if *variant == "qat" {
+            assert!(args.windows(2).any(|w| w == ["--provider", "openssl-qat"]));
+            assert_eq!(
+                container["resources"]["limits"]["qat.intel.com/cy"], "1",
+                "the QAT device plugin's resource"
+            );
+        }
+        find("ServiceMonitor", "vector-tls-proxy");
+        let metrics = find("Service", "vector-tls-proxy-metrics");
+        assert_eq!(metrics["spec"]["ports"][0]["name"], "admin");
+        if *variant != "sidecar" {
+            find("PodDisruptionBudget", "vector-tls-proxy");
+        }
+    }
+    let job = render(&["kustomize", &dirs[3]]);
+    let job = job
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["kind"] == "Job")
+        .expect("loadgen Job");
+    assert_eq!(job["spec"]["completionMode"], "Indexed");
+    let args = strings(&job["spec"]["template"]["spec"]["containers"][0]["args"]);
+    assert_eq!(args[0], "run");
+    assert_flags_exist(&args, &loadgen_help, "loadgen Job");
+    assert!(args.iter().any(|a| a == "--start-at"));
+}

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Installs the deployment validators tests/deploy.rs uses, each in its own virtualenv
+# (their pins conflict: docker-compose 1.29 wants jsonschema 3, kubernetes-validate 4+):
+#   $DIR/compose: docker-compose 1.29.2 (`config` validates a compose file, no daemon);
+#                 it pins PyYAML 5, which builds only with Cython < 3 and no build isolation
+#   $DIR/k8s:     kubernetes-validate (bundled Kubernetes schemas, no cluster)
+# DIR is $DEPLOY_VALIDATORS, else ~/.cache/vector-tls-proxy/validators. Idempotent.
+set -euo pipefail
+dir="${DEPLOY_VALIDATORS:-$HOME/.cache/vector-tls-proxy/validators}"
+python=${PYTHON:-python3}
+mkdir -p "$dir"
+
+if [ ! -x "$dir/compose/bin/docker-compose" ]; then
+  rm -rf "$dir/compose"
+  "$python" -m venv "$dir/compose"
+  "$dir/compose/bin/pip" install -q "cython<3" wheel
+  "$dir/compose/bin/pip" install -q --no-build-isolation PyYAML==5.4.1
+  "$dir/compose/bin/pip" install -q docker-compose==1.29.2
+fi
+if ! "$dir/k8s/bin/python" -c "import kubernetes_validate, yaml" 2>/dev/null; then
+  rm -rf "$dir/k8s"
+  "$python" -m venv "$dir/k8s"
+  "$dir/k8s/bin/pip" install -q kubernetes-validate==1.33.1 PyYAML
+fi
+echo "validators in $dir: $("$dir/compose/bin/docker-compose" version --short), kubernetes-validate $("$dir/k8s/bin/pip" show kubernetes-validate | sed -n 's/^Version: //p')"

@@ -41,8 +41,15 @@ done
 if [ "${#need[@]}" -gt 0 ]; then
   echo "== installing ${need[*]}"
   apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}"
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >"$work/apt.log" 2>&1 \
+    || { tail -20 "$work/apt.log"; exit 1; }
 fi
+
+# podman starts health-check timers through systemd, which these machines lack: it logs an
+# error per container and runs without them. That line is dropped; anything else shows.
+pod() {
+  podman "$@" 2> >(grep -v 'systemd connection' >&2)
+}
 
 cleanup() {
   if [ "$keep" = 0 ]; then
@@ -70,6 +77,8 @@ cargo build --release --locked -p proxy -p loadgen -p embedded-qdrant 2>&1 | tai
 ctx="$work/context"
 mkdir -p "$ctx/out" "$ctx/config"
 cp "$CARGO_TARGET_DIR"/release/{proxy,loadgen,embedded-qdrant} "$ctx/out/"
+# As the Containerfile's build stage does: the release profile keeps debug info for perf.
+strip --strip-debug "$ctx/out/"*
 cp config/proxy.toml "$ctx/config/"
 
 echo "== runtime stage of deploy/container/Containerfile on that base"
@@ -92,7 +101,7 @@ echo "== certificates (proxy gen-certs, in the image)"
 certs="$work/certs"
 mkdir -p "$certs"
 chmod 0777 "$certs"
-podman run --rm "${run_flags[@]}" -v "$certs:/certs:Z" --entrypoint /usr/local/bin/proxy "$image" \
+pod run --rm "${run_flags[@]}" -v "$certs:/certs:Z" --entrypoint /usr/local/bin/proxy "$image" \
   gen-certs --out /certs --algorithms ecdsa-p256 >/dev/null
 chmod -R a+r "$certs"
 
@@ -104,7 +113,13 @@ for s in socks:
 print(" ".join(str(s.getsockname()[1]) for s in socks))
 PY
 )
-read -r q_rest q_grpc p_rest p_grpc p_admin <<<"$ports"
+read -r q_rest q_grpc p_rest p_grpc _ <<<"$ports"
+# The image's HEALTHCHECK asks the admin port's default address.
+p_admin=9900
+if curl -s "http://127.0.0.1:$p_admin/" >/dev/null 2>&1; then
+  echo "port $p_admin is taken on this host; the image's health check needs it" >&2
+  exit 1
+fi
 cat >"$work/proxy.toml" <<EOF
 provider = "aws-lc-rs"
 [admin]
@@ -127,9 +142,9 @@ chmod a+r "$work/proxy.toml"
 
 echo "== containers: embedded-qdrant and the proxy (host network, loopback ports)"
 podman rm -f vtp-proxy vtp-qdrant >/dev/null 2>&1 || true
-podman run -d --name vtp-qdrant "${run_flags[@]}" --entrypoint /usr/local/bin/embedded-qdrant "$image" \
+pod run -d --name vtp-qdrant "${run_flags[@]}" --entrypoint /usr/local/bin/embedded-qdrant "$image" \
   --rest "127.0.0.1:$q_rest" --grpc "127.0.0.1:$q_grpc" --data /var/lib/embedded-qdrant >/dev/null
-podman run -d --name vtp-proxy "${run_flags[@]}" \
+pod run -d --name vtp-proxy "${run_flags[@]}" \
   -v "$certs:/etc/vector-tls-proxy/certs:ro,Z" -v "$work/proxy.toml:/etc/vector-tls-proxy/proxy.toml:ro,Z" \
   "$image" >/dev/null
 for _ in $(seq 1 100); do
@@ -137,14 +152,17 @@ for _ in $(seq 1 100); do
   sleep 0.1
 done
 echo "readyz: $(curl -sS "http://127.0.0.1:$p_admin/readyz")"
-podman healthcheck run vtp-proxy >/dev/null && echo "HEALTHCHECK: healthy"
+# podman runs health checks from systemd timers; without systemd it says so on stderr
+# (filtered here) and `healthcheck run` still runs the image's HEALTHCHECK once.
+pod healthcheck run vtp-proxy
+echo "HEALTHCHECK: $(podman inspect vtp-proxy --format '{{.State.Health.Status}}' 2>/dev/null)"
 echo "processes: $(podman top vtp-proxy user args | tail -n +2 | tr -s ' ')"
 
 echo "== loadgen (from the image) against the proxy container, REST and gRPC"
 for protocol in rest grpc; do
   port=$p_rest
   [ "$protocol" = grpc ] && port=$p_grpc
-  podman run --rm "${run_flags[@]}" -v "$certs:/certs:ro,Z" --entrypoint /usr/local/bin/loadgen "$image" \
+  pod run --rm "${run_flags[@]}" -v "$certs:/certs:ro,Z" --entrypoint /usr/local/bin/loadgen "$image" \
     run --target "localhost:$port" --protocol "$protocol" --ca /certs/ca.crt --collection "container-$protocol" \
     --recreate --requests "$requests" --concurrency 4 --warmup 0s --power none --quiet \
     --proxy-metrics "http://127.0.0.1:$p_admin/metrics"

@@ -88,13 +88,7 @@ fn histogram(v: &Value) -> hdrhistogram::Histogram<u64> {
 fn three_processes_merge_into_the_union_of_their_samples() {
     let data = temp_dir("merge-data");
     let qdrant = EmbeddedQdrant::start(&data);
-    let (code, v) = http_json(
-        qdrant.rest,
-        "PUT",
-        &format!("/collections/{COLLECTION}"),
-        r#"{"vectors": {"size": 64, "distance": "Cosine"}}"#,
-    );
-    assert_eq!(code, 200, "{v}");
+    create_collection(qdrant.rest, COLLECTION, 64);
     let proxy = ProxyProcess::start(
         &format!("http://{}", qdrant.rest),
         ProviderName::AwsLcRs,
@@ -134,15 +128,9 @@ fn three_processes_merge_into_the_union_of_their_samples() {
     assert_eq!(m["requests_failed"].as_u64(), Some(sum("requests_failed")));
     assert_eq!(m["payload_bytes"].as_u64(), Some(sum("payload_bytes")));
     // Every acknowledged point of the three is in the collection, once.
-    let (_, count) = http_json(
-        qdrant.rest,
-        "POST",
-        &format!("/collections/{COLLECTION}/points/count"),
-        r#"{"exact": true}"#,
-    );
     assert_eq!(
-        count["result"]["count"].as_u64(),
-        Some(sum("requests_ok") * 10)
+        count_points(qdrant.rest, COLLECTION),
+        sum("requests_ok") * 10
     );
 
     // Percentiles of the union of samples, not an average of the three.

@@ -44,17 +44,6 @@ fn proxy_over(addrs: &[String], provider: ProviderName, extra: &[&str]) -> Proxy
     )
 }
 
-fn count_points(rest: std::net::SocketAddr) -> u64 {
-    let (code, v) = http_json(
-        rest,
-        "POST",
-        &format!("/collections/{COLLECTION}/points/count"),
-        r#"{"exact": true}"#,
-    );
-    assert_eq!(code, 200, "{v}");
-    v["result"]["count"].as_u64().expect("count")
-}
-
 #[test]
 fn three_nodes_one_killed_and_restarted_under_load() {
     let nodes: Vec<EmbeddedQdrant> = (0..3)
@@ -63,13 +52,7 @@ fn three_nodes_one_killed_and_restarted_under_load() {
     // Independent stores, not a cluster: the collection is made on each, and each point
     // lands on exactly one node, so the nodes' counts add up to what was stored.
     for n in &nodes {
-        let (code, v) = http_json(
-            n.rest,
-            "PUT",
-            &format!("/collections/{COLLECTION}"),
-            r#"{"vectors": {"size": 64, "distance": "Cosine"}}"#,
-        );
-        assert_eq!(code, 200, "{v}");
+        create_collection(n.rest, COLLECTION, 64);
     }
     let addrs: Vec<String> = nodes.iter().map(|n| n.rest.to_string()).collect();
     let proxy = proxy_over(
@@ -194,8 +177,11 @@ fn three_nodes_one_killed_and_restarted_under_load() {
     // crashed node may have been stored before it died (it was flushed, its answer was
     // not sent): those are the only points allowed beyond the acknowledged ones.
     let acknowledged = ok * 20;
-    let stored: u64 =
-        nodes.iter().map(|n| count_points(n.rest)).sum::<u64>() + count_points(restarted.rest);
+    let stored: u64 = nodes
+        .iter()
+        .map(|n| count_points(n.rest, COLLECTION))
+        .sum::<u64>()
+        + count_points(restarted.rest, COLLECTION);
     eprintln!("failover: {acknowledged} points acknowledged, {stored} stored across the nodes");
     assert!(
         stored >= acknowledged && stored <= acknowledged + failed * 20,

@@ -146,6 +146,29 @@ pub fn http_raw(
     (status, body.to_owned())
 }
 
+/// Creates collection `name` of `dim`-dimensional cosine vectors over plain REST.
+pub fn create_collection(rest: SocketAddr, name: &str, dim: usize) {
+    let (code, v) = http_json(
+        rest,
+        "PUT",
+        &format!("/collections/{name}"),
+        &format!(r#"{{"vectors": {{"size": {dim}, "distance": "Cosine"}}}}"#),
+    );
+    assert_eq!(code, 200, "creating {name}: {v}");
+}
+
+/// The exact point count of collection `name`, over plain REST.
+pub fn count_points(rest: SocketAddr, name: &str) -> u64 {
+    let (code, v) = http_json(
+        rest,
+        "POST",
+        &format!("/collections/{name}/points/count"),
+        r#"{"exact": true}"#,
+    );
+    assert_eq!(code, 200, "counting {name}: {v}");
+    v["result"]["count"].as_u64().expect("count")
+}
+
 /// `n` seeded pseudo-random unit vectors of `dim` dimensions (xorshift; reproducible).
 pub fn unit_vectors(n: usize, dim: usize, seed: u64) -> Vec<Vec<f32>> {
     let mut state = seed | 1;

@@ -9,6 +9,10 @@ set -euo pipefail
 dir="${DEPLOY_VALIDATORS:-$HOME/.cache/vector-tls-proxy/validators}"
 python=${PYTHON:-python3}
 mkdir -p "$dir"
+# Debian's python3 keeps venv in a package of its own.
+if ! "$python" -c "import venv, ensurepip" 2>/dev/null && command -v apt-get >/dev/null; then
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv >/dev/null
+fi
 
 if [ ! -x "$dir/compose/bin/docker-compose" ]; then
   rm -rf "$dir/compose"

@@ -97,7 +97,8 @@ fn three_processes_merge_into_the_union_of_their_samples() {
     );
     let target = format!("localhost:{}", proxy.addr.port());
     let dir = temp_dir("merge");
-    let parts = side_by_side(&target, 3, Duration::from_secs(6), &dir);
+    // Lead time for three debug builds to prepare on a busy 2-core machine.
+    let parts = side_by_side(&target, 3, Duration::from_secs(10), &dir);
     let results: Vec<Value> = parts.iter().map(|p| read(p)).collect();
 
     // The barrier lined the measured windows up.
@@ -187,7 +188,7 @@ fn three_processes_merge_into_the_union_of_their_samples() {
     );
 
     // A run that did not overlap the others is refused.
-    let late = side_by_side(&target, 1, Duration::from_secs(2), &temp_dir("merge-late"));
+    let late = side_by_side(&target, 1, Duration::from_secs(4), &temp_dir("merge-late"));
     let mut bad = vec!["merge".to_owned(), parts[0].display().to_string()];
     bad.extend([
         late[0].display().to_string(),

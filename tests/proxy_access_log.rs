@@ -164,7 +164,15 @@ async fn common_format_sampling_rotation_and_shutdown_flush() {
     // logrotate moves the file away; the proxy notices and starts a new one.
     let rotated = dir.join("access.log.1");
     std::fs::rename(&log, &rotated).expect("rotate");
-    std::thread::sleep(Duration::from_millis(1500));
+    // The writer looks once a second; the new file appears when it has reopened.
+    let deadline = Instant::now() + WAIT;
+    while !log.exists() {
+        assert!(
+            Instant::now() < deadline,
+            "the access log was never reopened"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
     for i in 10..14 {
         get(proxy.addr, &format!("/n/{i}")).await.expect("get");
     }

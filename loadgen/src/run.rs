@@ -638,10 +638,18 @@ pub async fn execute(args: &RunArgs, stop: CancellationToken) -> Result<RunResul
         .with_context(|| format!("--target {}", args.target))?;
     connector.extra_headers = headers.clone();
     let connector = Arc::new(connector);
-    let nonce = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0);
+    // Picks this run's id range. Random, not the clock: processes started side by side
+    // (--start-at, an indexed Job) prepare in the same millisecond, and equal ranges would
+    // overwrite each other's points. (RandomState is seeded randomly per process.)
+    let nonce = {
+        use std::hash::BuildHasher;
+        std::collections::hash_map::RandomState::new().hash_one((
+            std::process::id(),
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos()),
+        ))
+    };
     let spec = UpsertSpec {
         protocol,
         collection: args.collection.clone(),

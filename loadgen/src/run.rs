@@ -487,6 +487,7 @@ fn embeddings_http(args: &RunArgs) -> Result<Options> {
         },
         headers: Vec::new(),
         timeout: Some(Duration::from_secs(120)),
+        ..Default::default()
     })
 }
 

@@ -1,20 +1,19 @@
-//! One-shot HTTP(S) requests for everything that is not the measured workload: the proxy's
-//! /metrics and admin API, the embeddings endpoint, Redfish, the collection set-up.
+//! HTTP(S) for everything that is not the measured workload: the proxy's /metrics and admin
+//! API, the embeddings endpoint, Redfish, Prometheus, the collection set-up.
 //!
-//! Built on the same hyper + rustls stack as the workload client, so loadgen carries one
-//! HTTP implementation and one TLS configuration story.
+//! reqwest, with its TLS configuration built by us: the provider from the proxy's registry
+//! (aws-lc-rs) and either the roots given (`--ca` and friends) or the platform's (rustls'
+//! platform verifier: the system's trust store wherever it lives). One client per
+//! [`Options`], built on first use and reused, so a probe polling every second keeps its
+//! connection.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context, Result};
 use bytes::Bytes;
-use http::{Method, Request, Uri};
-use http_body_util::{BodyExt, Full};
-use hyper_util::rt::TokioIo;
-use rustls::pki_types::ServerName;
+use http::Method;
 use rustls::ClientConfig;
-use tokio::net::TcpStream;
 
 /// A response, read whole.
 pub struct Response {
@@ -31,14 +30,36 @@ impl Response {
 /// Request options beyond method, URL and body.
 #[derive(Clone, Default)]
 pub struct Options {
-    /// TLS configuration for https URLs; without one an https URL is an error.
+    /// TLS configuration for https URLs; without one, the platform's roots are trusted.
     pub tls: Option<Arc<ClientConfig>>,
     /// Extra headers, e.g. authorization.
     pub headers: Vec<(String, String)>,
     pub timeout: Option<Duration>,
+    /// The client these options build, shared by their clones.
+    pub(crate) client: Arc<OnceLock<reqwest::Client>>,
 }
 
-/// Sends one request on a fresh connection and reads the whole answer.
+impl Options {
+    fn client(&self) -> Result<&reqwest::Client> {
+        if let Some(c) = self.client.get() {
+            return Ok(c);
+        }
+        let tls = match &self.tls {
+            Some(tls) => (**tls).clone(),
+            None => (*trust_config(None, false)?).clone(),
+        };
+        let client = reqwest::Client::builder()
+            .tls_backend_preconfigured(tls)
+            // These are control-plane calls to named services: no proxy from the environment
+            // should reroute a Redfish or admin request.
+            .no_proxy()
+            .build()
+            .context("building the HTTP client")?;
+        Ok(self.client.get_or_init(|| client))
+    }
+}
+
+/// Sends one request and reads the whole answer.
 pub async fn send(
     method: Method,
     url: &str,
@@ -46,85 +67,52 @@ pub async fn send(
     opts: &Options,
 ) -> Result<Response> {
     let timeout = opts.timeout.unwrap_or(Duration::from_secs(30));
-    tokio::time::timeout(timeout, send_inner(method.clone(), url, body, opts))
-        .await
-        .map_err(|_| anyhow!("{method} {url}: no answer within {timeout:?}"))?
-        .with_context(|| format!("{method} {url}"))
-}
-
-async fn send_inner(
-    method: Method,
-    url: &str,
-    body: Option<Bytes>,
-    opts: &Options,
-) -> Result<Response> {
-    let uri: Uri = url.parse().with_context(|| format!("bad URL {url:?}"))?;
-    let https = match uri.scheme_str() {
-        Some("https") => true,
-        Some("http") => false,
-        _ => bail!("URL must start with http:// or https://"),
-    };
-    let host = uri
-        .host()
-        .ok_or_else(|| anyhow!("URL has no host"))?
-        .to_owned();
-    let port = uri.port_u16().unwrap_or(if https { 443 } else { 80 });
-    let host_for_connect = host
-        .trim_start_matches('[')
-        .trim_end_matches(']')
-        .to_owned();
-    let tcp = TcpStream::connect((host_for_connect.as_str(), port))
-        .await
-        .with_context(|| format!("connecting to {host}:{port}"))?;
-    tcp.set_nodelay(true)?;
-    let path = uri
-        .path_and_query()
-        .map(|p| p.as_str())
-        .unwrap_or("/")
-        .to_owned();
-    let mut req = Request::builder().method(method).uri(path).header(
-        http::header::HOST,
-        uri.authority().map(|a| a.as_str()).unwrap_or(&host),
-    );
+    match url.split_once("://").map(|(scheme, _)| scheme) {
+        Some("http" | "https") => {}
+        _ => bail!("{method} {url}: URL must start with http:// or https://"),
+    }
+    let mut req = opts.client()?.request(method.clone(), url).timeout(timeout);
     for (k, v) in &opts.headers {
         req = req.header(k.as_str(), v.as_str());
     }
-    let has_body = body.is_some();
-    if has_body {
-        req = req.header(http::header::CONTENT_TYPE, "application/json");
+    if let Some(body) = body {
+        req = req
+            .header(http::header::CONTENT_TYPE, "application/json")
+            .body(body);
     }
-    let req = req.body(Full::new(body.unwrap_or_default()))?;
-    if https {
-        let tls = opts
-            .tls
-            .clone()
-            .ok_or_else(|| anyhow!("https URL but no TLS trust configured"))?;
-        let name = ServerName::try_from(host_for_connect.clone())
-            .map_err(|e| anyhow!("bad TLS server name {host_for_connect:?}: {e}"))?;
-        let stream = tokio_rustls::TlsConnector::from(tls)
-            .connect(name, tcp)
-            .await
-            .context("TLS handshake")?;
-        exchange(TokioIo::new(stream), req).await
-    } else {
-        exchange(TokioIo::new(tcp), req).await
+    let answer = async {
+        let resp = req.send().await?;
+        let status = resp.status().as_u16();
+        let body = resp.bytes().await?;
+        Ok::<_, reqwest::Error>(Response { status, body })
     }
+    .await;
+    answer.map_err(|e| {
+        if e.is_timeout() {
+            anyhow!("{method} {url}: no answer within {timeout:?}")
+        } else {
+            anyhow!("{method} {url}: {}", error_chain(&e))
+        }
+    })
 }
 
-async fn exchange<IO>(io: IO, req: Request<Full<Bytes>>) -> Result<Response>
-where
-    IO: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
-{
-    let (mut sender, conn) = hyper::client::conn::http1::handshake(io).await?;
-    let driver = tokio::spawn(conn);
-    let resp = sender.send_request(req).await?;
-    let status = resp.status().as_u16();
-    let body = resp.into_body().collect().await?.to_bytes();
-    driver.abort();
-    Ok(Response { status, body })
+/// "outer: inner: innermost": reqwest's own message alone says little ("error sending
+/// request"); the cause (connection refused, certificate unknown) is in its sources.
+fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut out = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        let text = s.to_string();
+        if !out.contains(&text) {
+            out.push_str(": ");
+            out.push_str(&text);
+        }
+        source = s.source();
+    }
+    out
 }
 
-/// A client configuration that trusts the roots in `ca` (PEM), or the system bundle when
+/// A client configuration that trusts the roots in `ca` (PEM), or the platform's when
 /// `ca` is None, or anything at all when `insecure` (recorded by the caller).
 pub fn trust_config(ca: Option<&std::path::Path>, insecure: bool) -> Result<Arc<ClientConfig>> {
     let provider = proxy::crypto::Provider::new(

@@ -11,12 +11,9 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 use rustls::{ClientConfig, DigitallySignedStruct, SignatureScheme, SupportedProtocolVersion};
 
-/// The system CA bundle on Debian and most distributions.
-const SYSTEM_BUNDLE: &str = "/etc/ssl/certs/ca-certificates.crt";
-
 pub struct TlsOptions {
     pub provider: Provider,
-    /// PEM roots; None means the system bundle.
+    /// PEM roots; None means the platform's trust store.
     pub ca: Option<PathBuf>,
     /// Skip certificate verification (the result records it).
     pub insecure: bool,
@@ -42,18 +39,15 @@ pub fn client_config(opts: &TlsOptions) -> Result<Arc<ClientConfig>> {
                 opts.provider.crypto().clone(),
             )))
             .with_no_client_auth()
-    } else {
-        let path = opts
-            .ca
-            .clone()
-            .unwrap_or_else(|| PathBuf::from(SYSTEM_BUNDLE));
+    } else if let Some(path) = &opts.ca {
         let mut roots = rustls::RootCertStore::empty();
-        let certs = CertificateDer::pem_file_iter(&path)
+        let certs = CertificateDer::pem_file_iter(path)
             .with_context(|| format!("reading CA file {} (--ca)", path.display()))?;
         for cert in certs {
             let cert = cert.with_context(|| format!("bad PEM in CA file {}", path.display()))?;
-            // The system bundle holds a few certificates webpki rejects; skip those.
-            let _ = roots.add(cert);
+            roots
+                .add(cert)
+                .with_context(|| format!("unusable CA certificate in {}", path.display()))?;
         }
         if roots.is_empty() {
             bail!(
@@ -62,6 +56,14 @@ pub fn client_config(opts: &TlsOptions) -> Result<Arc<ClientConfig>> {
             );
         }
         builder.with_root_certificates(roots).with_no_client_auth()
+    } else {
+        // The platform's trust store (on Linux: the system bundle wherever the distribution
+        // keeps it), through rustls' platform verifier with our provider.
+        use rustls_platform_verifier::BuilderVerifierExt;
+        builder
+            .with_platform_verifier()
+            .context("the platform's certificate verifier")?
+            .with_no_client_auth()
     };
     config.alpn_protocols = opts.alpn.clone();
     if !opts.resumption {

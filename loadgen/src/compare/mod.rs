@@ -694,6 +694,7 @@ async fn run_remote_cell(
             } else {
                 None
             },
+            ..Default::default()
         },
     )
     .await?;

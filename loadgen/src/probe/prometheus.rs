@@ -66,6 +66,7 @@ impl Prometheus {
                 tls,
                 headers,
                 timeout: Some(Duration::from_secs(5)),
+                ..Default::default()
             },
         }
     }

@@ -38,6 +38,7 @@ impl Redfish {
                 tls,
                 headers,
                 timeout: Some(Duration::from_secs(5)),
+                ..Default::default()
             },
         }
     }

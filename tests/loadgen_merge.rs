@@ -11,42 +11,23 @@ use serde_json::Value;
 
 const COLLECTION: &str = "merged";
 
-fn run_args(target: &str, start_at: &str, cell: bool) -> Vec<String> {
-    let ca = certs().ca_cert.display().to_string();
-    let mut a = args(&[
-        "run",
-        "--target",
-        target,
-        "--ca",
-        &ca,
-        "--collection",
-        COLLECTION,
-        "--dim",
-        "64",
-        "--points-per-request",
-        "10",
-        "--concurrency",
-        "2",
-        "--duration",
-        "3s",
-        "--warmup",
-        "0s",
-        "--verify-count",
-        "false",
-        "--start-at",
-        start_at,
-        "--quiet",
-        "--power",
-        "none",
-    ]);
-    if cell {
-        a.extend(args(&[
-            "--cell-provider",
-            "aws-lc-rs",
-            "--cell-algorithm",
-            "ecdsa-p256",
-        ]));
+/// One part of the side-by-side run, labelled as a compare cell for the report.
+fn run_args(target: &str, start_at: &str) -> Vec<String> {
+    let mut a = base_args(target, COLLECTION);
+    for (flag, value) in [
+        ("--points-per-request", "10"),
+        ("--duration", "3s"),
+        ("--verify-count", "false"),
+        ("--start-at", start_at),
+    ] {
+        set_flag(&mut a, flag, value);
     }
+    a.extend(args(&[
+        "--cell-provider",
+        "aws-lc-rs",
+        "--cell-algorithm",
+        "ecdsa-p256",
+    ]));
     a
 }
 
@@ -56,7 +37,7 @@ fn side_by_side(target: &str, n: usize, lead: Duration, dir: &Path) -> Vec<PathB
     let handles: Vec<_> = (0..n)
         .map(|i| {
             let out = dir.join(format!("part{i}.json"));
-            let a = run_args(target, &at, true);
+            let a = run_args(target, &at);
             std::thread::spawn(move || (run_loadgen(&a, Some(&out)), out))
         })
         .collect();

@@ -7,31 +7,6 @@ use e2e::*;
 use proxy::crypto::{CertAlgorithmName, ProviderName};
 use serde_json::Value;
 
-/// The flags every run here shares: small vectors so the tests stay quick, the test CA.
-fn base_args(target: &str, collection: &str) -> Vec<String> {
-    let ca = certs().ca_cert.display().to_string();
-    args(&[
-        "run",
-        "--target",
-        target,
-        "--ca",
-        &ca,
-        "--collection",
-        collection,
-        "--dim",
-        "64",
-        "--points-per-request",
-        "20",
-        "--concurrency",
-        "2",
-        "--warmup",
-        "0s",
-        "--quiet",
-        "--power",
-        "none",
-    ])
-}
-
 fn num(v: &Value, path: &[&str]) -> f64 {
     let mut cur = v;
     for p in path {

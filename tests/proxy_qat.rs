@@ -73,16 +73,9 @@ fn a_provider_that_signs_without_offloading_fails_the_start_up_proof() {
 }
 
 fn start_failure(extra: &[&str]) -> (i32, String) {
-    let (cert, key) = server_cert(CertAlgorithmName::Rsa2048);
     let mut flags = vec!["--provider", "openssl-qat"];
     flags.extend_from_slice(extra);
-    let args = startup_run_args(
-        &cert.display().to_string(),
-        &key.display().to_string(),
-        &flags,
-    );
-    let argv: Vec<&str> = args.iter().map(String::as_str).collect();
-    let (status, out) = run_proxy_to_exit(&argv);
+    let (status, out) = run_proxy_with_cert_to_exit(CertAlgorithmName::Rsa2048, &flags);
     (status.code().unwrap_or(-1), out)
 }
 

@@ -177,16 +177,9 @@ fn a_provider_that_is_loaded_but_not_offloading_is_named_as_such() {
     }
     let stock = stock.display().to_string();
     let start = |alg: CertAlgorithmName, extra: &[&str]| {
-        let (cert, key) = server_cert(alg);
         let mut flags = vec!["--provider", "openssl-qat", "--qat-module-path", &stock];
         flags.extend_from_slice(extra);
-        let args = startup_run_args(
-            &cert.display().to_string(),
-            &key.display().to_string(),
-            &flags,
-        );
-        let argv: Vec<&str> = args.iter().map(String::as_str).collect();
-        run_proxy_to_exit(&argv)
+        run_proxy_with_cert_to_exit(alg, &flags)
     };
     let (status, out) = start(CertAlgorithmName::Rsa2048, &[]);
     assert_eq!(status.code(), Some(1), "{out}");

@@ -158,7 +158,8 @@ fn rfc3339<S: serde::Serializer>(t: &SystemTime, s: S) -> Result<S::Ok, S::Error
 /// A logged request on its way: its record is completed and queued when the response
 /// body is done (or abandoned), so the duration and byte counts are the whole exchange's.
 pub struct PendingRecord {
-    record: Box<Record>,
+    /// Taken when the record is queued (on drop).
+    record: Option<Box<Record>>,
     started: tokio::time::Instant,
     bytes_in: Arc<AtomicU64>,
     log: Arc<AccessLog>,
@@ -178,23 +179,31 @@ impl PendingRecord {
 
     /// The node the request went to.
     pub fn set_upstream(&mut self, node: &crate::upstream::UpstreamAddr) {
-        self.record.upstream = Some(node.authority.clone());
+        if let Some(r) = &mut self.record {
+            r.upstream = Some(node.authority.clone());
+        }
     }
 
     /// The response status.
     pub fn set_status(&mut self, status: http::StatusCode) {
-        self.record.status = status.as_u16();
+        if let Some(r) = &mut self.record {
+            r.status = status.as_u16();
+        }
     }
 
     /// Response body bytes sent so far.
     pub fn sent(&mut self, n: usize) {
-        self.record.bytes_out += n as u64;
+        if let Some(r) = &mut self.record {
+            r.bytes_out += n as u64;
+        }
     }
 }
 
 impl Drop for PendingRecord {
     fn drop(&mut self) {
-        let mut record = std::mem::replace(&mut self.record, Box::new(Record::empty()));
+        let Some(mut record) = self.record.take() else {
+            return;
+        };
         // Microsecond resolution: the float prints short (0.335, not 0.33533999999999997).
         record.duration_ms = self.started.elapsed().as_micros() as f64 / 1000.0;
         record.bytes_in = self.bytes_in.load(Ordering::Relaxed);
@@ -215,27 +224,6 @@ pub struct ConnectionFacts {
     pub provider: &'static str,
     /// Resumed session.
     pub resumed: bool,
-}
-
-impl Record {
-    fn empty() -> Self {
-        Self {
-            time: SystemTime::UNIX_EPOCH,
-            listener: Arc::from(""),
-            peer: SocketAddr::from(([0, 0, 0, 0], 0)),
-            method: http::Method::GET,
-            path: http::uri::PathAndQuery::from_static("/"),
-            protocol: "",
-            status: 0,
-            bytes_in: 0,
-            bytes_out: 0,
-            duration_ms: 0.0,
-            upstream: None,
-            tls_version: "",
-            provider: "",
-            resumed: false,
-        }
-    }
 }
 
 /// The data path's handle on the access log.
@@ -319,7 +307,7 @@ impl AccessLog {
             resumed: conn.resumed,
         });
         Some(PendingRecord {
-            record,
+            record: Some(record),
             started: tokio::time::Instant::now(),
             bytes_in: Arc::new(AtomicU64::new(0)),
             log: self.clone(),

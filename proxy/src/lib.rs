@@ -29,3 +29,19 @@ pub mod tcp;
 pub mod tls;
 pub mod trust;
 pub mod upstream;
+
+/// "outer: inner: innermost": an error with its sources, each said once, for messages that
+/// say what actually happened (hyper's and reqwest's own messages rarely do).
+pub fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut out = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        let text = s.to_string();
+        if !out.contains(&text) {
+            out.push_str(": ");
+            out.push_str(&text);
+        }
+        source = s.source();
+    }
+    out
+}

@@ -204,9 +204,7 @@ impl Proxy {
                     mode_label,
                     offload_label: offload.label(),
                 },
-                qat_state
-                    .as_deref()
-                    .filter(|_| provider_name == crate::crypto::ProviderName::OpensslQat),
+                qat_state.as_deref(),
                 &metrics,
             )
             .map_err(|e| at("", &e))?;

@@ -56,3 +56,28 @@ pub fn set_flag(a: &mut Vec<String>, flag: &str, value: &str) {
 pub fn args(list: &[&str]) -> Vec<String> {
     list.iter().map(|s| (*s).to_owned()).collect()
 }
+
+/// The flags the `loadgen run` tests share: small vectors so they stay quick, the test CA.
+pub fn base_args(target: &str, collection: &str) -> Vec<String> {
+    let ca = certs().ca_cert.display().to_string();
+    args(&[
+        "run",
+        "--target",
+        target,
+        "--ca",
+        &ca,
+        "--collection",
+        collection,
+        "--dim",
+        "64",
+        "--points-per-request",
+        "20",
+        "--concurrency",
+        "2",
+        "--warmup",
+        "0s",
+        "--quiet",
+        "--power",
+        "none",
+    ])
+}

@@ -238,6 +238,19 @@ fn metric_samples<'a>(
         .filter_map(|l| l.rsplit(' ').next()?.parse().ok())
 }
 
+/// `proxy run` on the test certificate of `alg` with `flags`, expected to stop at
+/// start-up: its exit status and output.
+pub fn run_proxy_with_cert_to_exit(alg: CertAlgorithmName, flags: &[&str]) -> (ExitStatus, String) {
+    let (cert, key) = server_cert(alg);
+    let args = startup_run_args(
+        &cert.display().to_string(),
+        &key.display().to_string(),
+        flags,
+    );
+    let argv: Vec<&str> = args.iter().map(String::as_str).collect();
+    run_proxy_to_exit(&argv)
+}
+
 /// The value of the first sample of `name` whose labels contain every `labels` pair.
 pub fn metric_value(text: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
     metric_samples(text, name, labels).next()

@@ -13,6 +13,7 @@ use std::time::Duration;
 use anyhow::{anyhow, bail, Context, Result};
 use bytes::Bytes;
 use http::Method;
+use proxy::error_chain;
 use rustls::ClientConfig;
 
 /// A response, read whole.
@@ -94,22 +95,6 @@ pub async fn send(
             anyhow!("{method} {url}: {}", error_chain(&e))
         }
     })
-}
-
-/// "outer: inner: innermost": reqwest's own message alone says little ("error sending
-/// request"); the cause (connection refused, certificate unknown) is in its sources.
-fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut out = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        let text = s.to_string();
-        if !out.contains(&text) {
-            out.push_str(": ");
-            out.push_str(&text);
-        }
-        source = s.source();
-    }
-    out
 }
 
 /// A client configuration that trusts the roots in `ca` (PEM), or the platform's when

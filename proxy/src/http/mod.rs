@@ -33,6 +33,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::access_log::{AccessLog, ConnectionFacts, PendingRecord};
 use crate::config::{Limits, UpstreamProtocol};
+use crate::error_chain;
 use crate::io::{Activity, Quiet, QuietLimits, RequestGuard};
 use crate::metrics::ListenerMetrics;
 use crate::trust::TrustedProxies;
@@ -80,6 +81,9 @@ pub struct HttpForwarder {
     security_headers: bool,
     metrics: ListenerMetrics,
     access_log: Option<Arc<AccessLog>>,
+    /// The listener's name as access log records share it (one allocation, not one per
+    /// connection).
+    log_name: Arc<str>,
 }
 
 /// What the TLS handshake of a connection established, for its access log lines.
@@ -144,6 +148,7 @@ impl HttpForwarder {
             budget,
             trusted,
             security_headers,
+            log_name: Arc::from(metrics.name()),
             metrics,
             access_log,
         }
@@ -179,7 +184,7 @@ impl HttpForwarder {
             // Only connections whose requests may be logged pay for this.
             facts: self.access_log.as_ref().map(|_| {
                 Arc::new(ConnectionFacts {
-                    listener: Arc::from(self.metrics.name()),
+                    listener: self.log_name.clone(),
                     peer,
                     tls_version: tls.version,
                     provider: tls.provider,
@@ -698,21 +703,6 @@ fn classify(e: &hyper_util::client::legacy::Error) -> Failure {
         }
     }
     Failure::UpstreamUnavailable
-}
-
-/// "outer: inner: innermost", for messages that say what actually happened.
-fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut out = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        let s_text = s.to_string();
-        if !out.contains(&s_text) {
-            out.push_str(": ");
-            out.push_str(&s_text);
-        }
-        source = s.source();
-    }
-    out
 }
 
 #[cfg(test)]

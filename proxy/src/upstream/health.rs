@@ -18,6 +18,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::{Node, UpstreamPool};
 use crate::config::{HealthCheckConfig, HealthCheckKind};
+use crate::error_chain;
 
 /// The gRPC health service's method (grpc/grpc doc/health-checking.md).
 const GRPC_HEALTH_CHECK: &str = "/grpc.health.v1.Health/Check";
@@ -164,17 +165,6 @@ fn grpc_serving_status(message: &[u8]) -> Option<u8> {
         [0x08, status, ..] => Some(*status),
         _ => Some(0),
     }
-}
-
-fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut out = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        out.push_str(": ");
-        out.push_str(&s.to_string());
-        source = s.source();
-    }
-    out
 }
 
 async fn check_node(

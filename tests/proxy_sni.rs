@@ -11,25 +11,16 @@ use e2e::*;
 use proxy::crypto::{generate_cert_set, CertAlgorithmName, GeneratedSet};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, ServerName};
-use rustls::{ClientConfig, RootCertStore};
+use rustls::ClientConfig;
 
 /// A client trusting every CA given, without resumption.
 fn client_trusting(cas: &[&Path]) -> Arc<ClientConfig> {
-    let mut roots = RootCertStore::empty();
-    for ca in cas {
-        roots
-            .add(CertificateDer::from_pem_file(ca).expect("CA PEM"))
-            .expect("CA");
+    proxy::tls::client::ClientTls {
+        trust: proxy::tls::client::Trust::CaFiles(cas.iter().map(|c| c.to_path_buf()).collect()),
+        ..Default::default()
     }
-    let mut config = ClientConfig::builder_with_provider(Arc::new(
-        rustls::crypto::aws_lc_rs::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .expect("versions")
-    .with_root_certificates(roots)
-    .with_no_client_auth();
-    config.resumption = rustls::client::Resumption::disabled();
-    Arc::new(config)
+    .build()
+    .expect("client")
 }
 
 /// Handshakes asking for `server_name` (an IP address sends no SNI) and returns the

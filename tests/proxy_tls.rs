@@ -89,11 +89,7 @@ async fn two_connections(proxy: &ProxyProcess, tls13: bool) -> (Answer, Answer) 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn resumption_on_resumes_and_off_does_full_handshakes() {
     let upstream = EchoUpstream::start();
-    for provider in [
-        ProviderName::AwsLcRs,
-        ProviderName::Openssl,
-        ProviderName::Ring,
-    ] {
+    for provider in ProviderName::SOFTWARE {
         let on = ProxyProcess::start(&upstream.url(), provider, CertAlgorithmName::Rsa2048, &[]);
         for (tls13, version) in [(true, "1.3"), (false, "1.2")] {
             let (first, second) = two_connections(&on, tls13).await;

@@ -12,7 +12,6 @@ use tokio_util::sync::CancellationToken;
 
 use crate::client::http::{trust_config, Options};
 use crate::client::qdrant::Admin;
-use crate::client::tls::{client_config, TlsOptions};
 use crate::client::{Connector, Protocol, Target};
 use crate::driver::{self, ConnectionPolicy, DriverConfig, Mode};
 use crate::probe::{self, PowerSource, ProbeConfig, Watched, WattMeter};
@@ -605,25 +604,33 @@ pub async fn execute(args: &RunArgs, stop: CancellationToken) -> Result<RunResul
         .parse()
         .map_err(|e| anyhow!("--client-provider: {e}"))?;
     let kx: KxGroupName = args.kx.parse().map_err(|e| anyhow!("--kx: {e}"))?;
-    let provider = Provider::new(client_provider, &[kx]).context("--client-provider")?;
-    let library = provider.library_version();
+    let library = Provider::new(client_provider, &[kx])
+        .context("--client-provider")?
+        .library_version();
     let tls = if target.tls {
-        let versions = match args.tls_version {
-            Some(TlsVersionArg::V12) => vec![&rustls::version::TLS12],
-            Some(TlsVersionArg::V13) => vec![&rustls::version::TLS13],
-            None => vec![],
-        };
-        Some(client_config(&TlsOptions {
-            provider,
-            ca: args.ca.clone(),
-            insecure: args.insecure,
-            versions,
-            resumption: args.resumption == OnOff::On,
-            alpn: vec![match protocol {
-                Protocol::Rest => b"http/1.1".to_vec(),
-                Protocol::Grpc => b"h2".to_vec(),
-            }],
-        })?)
+        Some(
+            proxy::tls::client::ClientTls {
+                provider: client_provider,
+                kx_groups: vec![kx],
+                versions: match args.tls_version {
+                    Some(TlsVersionArg::V12) => vec![proxy::config::TlsVersion::Tls12],
+                    Some(TlsVersionArg::V13) => vec![proxy::config::TlsVersion::Tls13],
+                    None => vec![],
+                },
+                trust: crate::client::tls::trust(
+                    client_provider,
+                    args.ca.as_deref(),
+                    args.insecure,
+                )?,
+                resumption: args.resumption == OnOff::On,
+                alpn: vec![match protocol {
+                    Protocol::Rest => b"http/1.1".to_vec(),
+                    Protocol::Grpc => b"h2".to_vec(),
+                }],
+                ..Default::default()
+            }
+            .build()?,
+        )
     } else {
         None
     };

@@ -11,44 +11,23 @@
 //! ```
 //! (openssl-qat needs a QAT device and is measured through loadgen compare.)
 
-use std::path::Path;
-use std::sync::Arc;
 use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, Criterion};
-use proxy::config::TlsPolicy;
-use proxy::crypto::{generate_cert_set, CertAlgorithmName, KxGroupName, Provider, ProviderName};
+use proxy::config::{TlsPolicy, TlsVersion};
+use proxy::crypto::{generate_cert_set, CertAlgorithmName, ProviderName};
+use proxy::tls::client::ClientTls;
 use proxy::tls::measure::server_side_handshake;
-use rustls::client::Resumption;
-use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::CertificateDer;
-use rustls::{ClientConfig, RootCertStore};
-
-const PROVIDERS: [ProviderName; 3] = [
-    ProviderName::Ring,
-    ProviderName::AwsLcRs,
-    ProviderName::Openssl,
-];
-
-fn client_config(ca: &Path) -> Arc<ClientConfig> {
-    let provider = Provider::new(ProviderName::AwsLcRs, &[KxGroupName::X25519]).expect("provider");
-    let mut roots = RootCertStore::empty();
-    for cert in CertificateDer::pem_file_iter(ca).expect("CA file") {
-        roots.add(cert.expect("CA cert")).expect("add CA");
-    }
-    let mut config = ClientConfig::builder_with_provider(provider.crypto().clone())
-        .with_protocol_versions(&[&rustls::version::TLS13])
-        .expect("TLS 1.3")
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-    config.resumption = Resumption::disabled();
-    Arc::new(config)
-}
 
 fn handshakes(c: &mut Criterion) {
     let dir = std::env::temp_dir().join(format!("proxy-bench-certs-{}", std::process::id()));
     let set = generate_cert_set(&dir, &CertAlgorithmName::ALL, &[]).expect("certificates");
-    let client = client_config(&set.ca_cert);
+    let client = ClientTls {
+        versions: vec![TlsVersion::Tls13],
+        ..ClientTls::trusting(&set.ca_cert)
+    }
+    .build()
+    .expect("client");
     let policy = TlsPolicy {
         resumption: false,
         ..TlsPolicy::default()
@@ -61,7 +40,7 @@ fn handshakes(c: &mut Criterion) {
         .measurement_time(Duration::from_secs(3));
     let mut wire = (Vec::with_capacity(4096), Vec::with_capacity(16 * 1024));
     for (alg, cert, key) in &set.servers {
-        for provider in PROVIDERS {
+        for provider in ProviderName::SOFTWARE {
             let (_, _, server) = proxy::tls::listener_tls(provider, cert, key, &policy, &[])
                 .unwrap_or_else(|e| panic!("{provider:?} {alg:?}: {e}"));
             let alg = alg.as_str();

@@ -178,9 +178,9 @@ impl PendingRecord {
     }
 
     /// The node the request went to.
-    pub fn set_upstream(&mut self, node: &crate::upstream::UpstreamAddr) {
+    pub fn set_upstream(&mut self, node: &http::uri::Authority) {
         if let Some(r) = &mut self.record {
-            r.upstream = Some(node.authority.clone());
+            r.upstream = Some(node.clone());
         }
     }
 

@@ -15,6 +15,7 @@ use crate::config::{
     ListenerConfig, ListenerMode, TlsPolicy, TlsVersion, UpstreamProtocol,
 };
 use crate::crypto::{generate_cert_set, CertAlgorithmName, KxGroupName, ProviderName};
+use crate::plan::Plan;
 use crate::server::{write_ready_file, Proxy};
 
 /// TLS terminator for vector-database ingestion (rustls with a run-time crypto provider).
@@ -246,12 +247,20 @@ fn fail(code: u8, msg: &dyn std::fmt::Display) -> ExitCode {
     ExitCode::from(code)
 }
 
-/// Merges the file (if any) and the flags into one configuration.
+/// Merges the file (if any) and the flags into one configuration (checked by
+/// [`Plan::new`], not here).
 pub fn resolve(config_file: Option<&PathBuf>, o: &Overrides) -> Result<Config, ConfigError> {
     let mut cfg = match config_file {
         Some(path) => Config::from_file(path)?,
         None => Config::empty(),
     };
+    apply_process_flags(&mut cfg, o);
+    apply_listener_flags(&mut cfg, o)?;
+    Ok(cfg)
+}
+
+/// The flags that set process-wide settings.
+fn apply_process_flags(cfg: &mut Config, o: &Overrides) {
     if let Some(p) = o.provider {
         cfg.provider = p;
     }
@@ -352,7 +361,11 @@ pub fn resolve(config_file: Option<&PathBuf>, o: &Overrides) -> Result<Config, C
     if !o.trusted_proxies.is_empty() {
         cfg.trusted_proxies = o.trusted_proxies.clone();
     }
+}
 
+/// The flags that describe one listener: a new one when the file has none, else the
+/// file's only listener (with several, they would be ambiguous).
+fn apply_listener_flags(cfg: &mut Config, o: &Overrides) -> Result<(), ConfigError> {
     let listener_flags = o.listen.is_some()
         || o.name.is_some()
         || !o.upstream.is_empty()
@@ -369,7 +382,7 @@ pub fn resolve(config_file: Option<&PathBuf>, o: &Overrides) -> Result<Config, C
         || o.resumption.is_some()
         || o.client_ca.is_some();
     if !listener_flags {
-        return Ok(cfg);
+        return Ok(());
     }
     match cfg.listeners.len() {
         0 => {
@@ -466,7 +479,7 @@ pub fn resolve(config_file: Option<&PathBuf>, o: &Overrides) -> Result<Config, C
     if o.provider.is_some() {
         l.provider = None;
     }
-    Ok(cfg)
+    Ok(())
 }
 
 fn init_logging(level: &str, format: crate::config::LogFormat) {
@@ -491,9 +504,10 @@ fn run(args: RunArgs) -> ExitCode {
         Ok(c) => c,
         Err(e) => return fail(2, &e),
     };
-    if let Err(e) = config.validate() {
-        return fail(2, &e);
-    }
+    let plan = match Plan::new(&config) {
+        Ok(p) => p,
+        Err(e) => return fail(2, &e),
+    };
     init_logging(&config.log_level, config.log_format);
     let mut rt = tokio::runtime::Builder::new_multi_thread();
     rt.enable_all().thread_name("proxy-worker");
@@ -505,7 +519,7 @@ fn run(args: RunArgs) -> ExitCode {
         Err(e) => return fail(1, &format!("cannot start the runtime: {e}")),
     };
     rt.block_on(async move {
-        let proxy = match Proxy::bind(&config).await {
+        let proxy = match Proxy::bind(&plan).await {
             Ok(p) => p,
             Err(e) => return fail(1, &e),
         };
@@ -576,16 +590,17 @@ fn check_config(args: CheckConfigArgs) -> ExitCode {
         Ok(c) => c,
         Err(e) => return fail(2, &e),
     };
-    let mut problems = match config.validate() {
-        Ok(()) => Vec::new(),
-        Err(e) => e.problems,
+    let plan = match Plan::new(&config) {
+        Ok(p) => p,
+        Err(e) => return fail(2, &e),
     };
-    // Beyond syntax: load every listener's key material with its provider, as `run` would
-    // (for openssl-qat that includes loading the QAT provider and its start-up proof).
-    let qat_state = if config.uses_qat() {
-        match crate::crypto::qat::activate(&config.qat) {
+    let mut problems = Vec::new();
+    // Beyond syntax: build every listener's TLS as `run` would (for openssl-qat that
+    // includes loading the QAT provider and its start-up proof), into metrics of its own.
+    let qat_state = match &plan.qat {
+        Some(qat) => match crate::crypto::qat::activate(qat) {
             Ok(state) => Some(state),
-            Err(e) if config.qat.fallback == crate::crypto::qat::Fallback::Software => {
+            Err(e) if qat.fallback == crate::crypto::qat::Fallback::Software => {
                 eprintln!("proxy: warning: QAT offload would be off (software fallback): {e}");
                 None
             }
@@ -593,66 +608,50 @@ fn check_config(args: CheckConfigArgs) -> ExitCode {
                 problems.push(format!("openssl-qat: {e}"));
                 None
             }
-        }
-    } else {
-        None
+        },
+        None => None,
     };
-    for (i, lc) in config.listeners.iter().enumerate() {
-        if !lc.cert.is_file() || !lc.key.is_file() {
-            continue;
-        }
-        // The same resolution `run` performs, QAT proof and fallback included.
-        match crate::tls::resolve_configured(&config, lc, qat_state.as_deref()) {
-            Ok(resolved) => {
-                if let Some(warning) = resolved.cert.expiry_warning() {
-                    eprintln!("proxy: warning: listener[{i}]: {warning}");
+    let scratch = crate::metrics::Metrics::new();
+    for lp in &plan.listeners {
+        let labels = crate::switch::ListenerLabels {
+            name: lp.name.clone(),
+            mode: lp.mode_label(),
+            // Scratch metrics, never served: the label only has to be well-formed.
+            offload: "check",
+        };
+        match crate::switch::build_listener_tls(&lp.tls, &labels, qat_state.as_deref(), &scratch) {
+            Ok(built) => {
+                if let Some(warning) = built.cert.expiry_warning() {
+                    eprintln!("proxy: warning: listener[{}]: {warning}", lp.index);
                 }
-                if let Some(why) = resolved.fell_back {
+                if let Some(why) = built.fell_back {
                     eprintln!(
-                        "proxy: warning: listener[{i}]: QAT offload would be off (software fallback): {why}"
+                        "proxy: warning: listener[{}]: QAT offload would be off (software fallback): {why}",
+                        lp.index
                     );
                 }
-                // The SNI certificates, loaded as `run` loads them: with the provider in
-                // effect for the default certificate.
-                for (j, entry) in lc.sni.iter().enumerate() {
-                    if !entry.cert.is_file() || !entry.key.is_file() {
-                        continue;
-                    }
-                    if let Err(e) = crate::tls::resolve_listener_tls(
-                        resolved.provider.name(),
-                        &entry.cert,
-                        &entry.key,
-                        &lc.tls,
-                        lc.mode.default_alpn(),
-                        qat_state.as_deref(),
-                        crate::crypto::qat::Fallback::None,
-                    ) {
-                        problems.push(format!("listener[{i}].sni[{j}]: {e}"));
-                    }
-                }
             }
-            Err(e) => problems.push(format!("listener[{i}]: {e}")),
+            Err(e) => problems.push(format!("listener[{}]: {e}", lp.index)),
         }
     }
-    if problems.is_empty() {
-        print!("{}", config.to_toml());
-        if let Some(state) = &qat_state {
-            // What the provider itself reads: its OpenSSL configuration section.
-            match &state.settings {
-                crate::crypto::qat::SettingsSource::Proxy(_) => print!(
-                    "\n# The OpenSSL configuration the proxy loads for the QAT provider:\n{}",
-                    config
-                        .qat
-                        .openssl_config(config.qat.module_path.as_deref().filter(|p| p.is_file()))
-                        .lines()
-                        .map(|l| format!("#   {l}\n"))
-                        .collect::<String>()
-                ),
-                other => println!("\n# QAT provider settings: {other}"),
-            }
-        }
-        ExitCode::SUCCESS
-    } else {
-        fail(2, &ConfigError { problems })
+    if !problems.is_empty() {
+        return fail(2, &ConfigError { problems });
     }
+    print!("{}", config.to_toml());
+    if let Some(state) = &qat_state {
+        // What the provider itself reads: its OpenSSL configuration section.
+        match &state.settings {
+            crate::crypto::qat::SettingsSource::Proxy(_) => print!(
+                "\n# The OpenSSL configuration the proxy loads for the QAT provider:\n{}",
+                config
+                    .qat
+                    .openssl_config(config.qat.module_path.as_deref().filter(|p| p.is_file()))
+                    .lines()
+                    .map(|l| format!("#   {l}\n"))
+                    .collect::<String>()
+            ),
+            other => println!("\n# QAT provider settings: {other}"),
+        }
+    }
+    ExitCode::SUCCESS
 }

@@ -7,7 +7,7 @@
 //!
 //! Module map: [`crypto`] (providers, keys, certificates), [`tls`] (server configs and the
 //! handshake path), [`http`] (L7 forwarding), [`tcp`] (L4 splice), [`admin`] (metrics and
-//! health), [`config`] (the typed configuration), [`server`] (listeners, limits, shutdown), [`switch`] (run-time TLS switching),
+//! health), [`config`] (the typed configuration), [`plan`] (the configuration checked and decided, per listener), [`server`] (listeners, limits, shutdown), [`switch`] (run-time TLS switching),
 //! [`cli`] (the command line).
 
 // Unsafe code is confined to the OpenSSL provider calls of `crypto::qat` (its `ffi` module).
@@ -21,7 +21,9 @@ pub mod config;
 pub mod crypto;
 pub mod http;
 pub mod io;
+pub mod listener;
 pub mod metrics;
+pub mod plan;
 pub mod ratelog;
 pub mod server;
 pub mod switch;

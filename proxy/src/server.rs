@@ -1,5 +1,7 @@
-//! The running proxy: listeners bound, the connection limit, each connection's life from
-//! accept through handshake to HTTP or TCP forwarding, and graceful shutdown.
+//! The process's lifecycle: a [`Plan`] turned into bound listeners (TLS built, nodes and
+//! forwarders set up) and the admin port, serving them under one connection limit, reloads
+//! (SIGHUP, replaced certificate files) and graceful shutdown. Accepting and each
+//! connection's life are `listener.rs`'s.
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -7,54 +9,77 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use prometheus::IntGauge;
-use tokio::net::{TcpListener, TcpSocket, TcpStream};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
-use tokio::time::Instant;
+use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::admin::{self, AdminGuards, AdminState, AdminToken};
-use crate::config::{Config, HealthCheckConfig, HealthCheckKind, Limits, ListenerMode};
-use crate::crypto::qat::{self, Fallback, QatState};
+use crate::config::{Limits, ListenerMode};
+use crate::crypto::qat::{self, Fallback, QatConfig, QatError, QatState};
+use crate::crypto::CryptoError;
 use crate::http::{BufferBudget, HttpForwarder, H2_CONNECTION_WINDOW};
-use crate::io::{Activity, CountingIo, Quiet, QuietLimits};
-use crate::metrics::{ListenerMetrics, Metrics};
-use crate::switch::{ListenerTls, SwitchableListener, TlsSwitch};
+use crate::listener::{accept_loop, bind, ListenerCtx, Mode};
+use crate::metrics::Metrics;
+use crate::plan::{ListenerPlan, Plan};
+use crate::switch::{
+    build_listener_tls, ListenerLabels, SwitchableListener, TlsBuildError, TlsSwitch,
+};
 use crate::tls::{self, HandshakePool, Offload};
-use crate::trust::TrustedProxies;
-use crate::upstream::{UpstreamAddr, UpstreamPool};
+use crate::upstream::UpstreamPool;
 
-/// Pending connections the kernel queues per listener. A new-connection-per-request
-/// benchmark opens connections in bursts; a short queue turns bursts into SYN retries
-/// (a one-second stall) instead of waiting connections.
-const LISTEN_BACKLOG: u32 = 4096;
-/// TCP keep-alive probes: one every 10 s after `limits.tcp_keepalive` of silence, and the
-/// connection is dropped after 3 unanswered ones.
-const TCP_KEEPALIVE_PROBE_INTERVAL: std::time::Duration = std::time::Duration::from_secs(10);
-const TCP_KEEPALIVE_PROBES: u32 = 3;
-
-/// A start-up failure: one line that names the listener, file or flag.
+/// Why the proxy could not start; each names the listener, file, address or setting.
 #[derive(Debug, thiserror::Error)]
-#[error("{0}")]
-pub struct StartupError(pub String);
-
-/// What the connection task needs to know about its listener.
-struct ListenerCtx {
-    name: String,
-    tls: Arc<SwitchableListener>,
-    offload: Offload,
-    limits: Limits,
-    metrics: ListenerMetrics,
-    mode: Mode,
-    upstreams: Arc<UpstreamPool>,
-    /// The active checks of `upstreams` (resolved: never `Auto`) and their settings.
-    health_check: (HealthCheckKind, HealthCheckConfig),
+pub enum StartupError {
+    /// A listener's TLS: provider, certificate, key, SNI certificate or QAT proof.
+    #[error("listener {name:?} (listener[{index}]): {source}")]
+    ListenerTls {
+        /// The listener's name.
+        name: String,
+        /// Its position in the configuration.
+        index: usize,
+        /// What failed (boxed: start-up's other errors are small).
+        source: Box<TlsBuildError>,
+    },
+    /// A socket could not be bound.
+    #[error("{what}: cannot listen on {addr}: {source}")]
+    Bind {
+        /// The listener (`listener "rest" (listener[0])`, `admin listener`).
+        what: String,
+        /// The address.
+        addr: SocketAddr,
+        /// The operating system's answer.
+        source: std::io::Error,
+    },
+    /// The QAT provider could not be activated (and `qat.fallback` is `none`).
+    #[error("openssl-qat: {0}")]
+    Qat(QatError),
+    /// The access log's file could not be opened.
+    #[error("access log: {0}")]
+    AccessLog(std::io::Error),
+    /// The handshake pool's threads could not be started.
+    #[error("cannot start the handshake pool: {0}")]
+    HandshakePool(std::io::Error),
+    /// The admin token file is unreadable or too short.
+    #[error("admin.token_file {}: {problem}", path.display())]
+    AdminToken {
+        /// The file.
+        path: std::path::PathBuf,
+        /// What is wrong.
+        problem: String,
+    },
+    /// The admin port's certificate or key.
+    #[error("admin TLS: {0}")]
+    AdminTls(CryptoError),
 }
 
-enum Mode {
-    Http(Arc<HttpForwarder>),
-    Tcp,
+/// What every listener of the process shares, made once before the listeners.
+struct Shared {
+    metrics: Metrics,
+    budget: Arc<BufferBudget>,
+    offload: Offload,
+    qat: Option<Arc<QatState>>,
+    access_log: Option<Arc<crate::access_log::AccessLog>>,
 }
 
 /// A bound, ready-to-serve proxy.
@@ -72,244 +97,81 @@ pub struct Proxy {
 }
 
 impl Proxy {
-    /// Loads every provider, certificate and key, builds the TLS configurations and binds
-    /// every socket. Nothing is served yet; any failure is reported before a client sees it.
-    pub async fn bind(config: &Config) -> Result<Self, StartupError> {
-        config
-            .validate()
-            .map_err(|e| StartupError(e.problems.join("\n")))?;
+    /// Loads every provider, certificate and key of `plan`, builds the TLS configurations
+    /// and binds every socket. Nothing is served yet; any failure is reported before a
+    /// client sees it.
+    pub async fn bind(plan: &Plan) -> Result<Self, StartupError> {
         let metrics = Metrics::new();
         crate::ratelog::PEER.count_in(metrics.log_suppressed());
         let budget = BufferBudget::new(
-            &config.limits,
+            &plan.limits,
             H2_CONNECTION_WINDOW,
-            metrics.buffer_budget(config.limits.request_buffer_budget()),
+            metrics.buffer_budget(plan.limits.request_buffer_budget()),
         );
-        let trusted = TrustedProxies::parse(&config.trusted_proxies).map_err(StartupError)?;
-        let (offload, pool) =
-            tls::offload_for(config.effective_offload(), config.handshake.pool_threads)
-                .map_err(|e| StartupError(format!("cannot start the handshake pool: {e}")))?;
-        let qat_state = if config.uses_qat() {
-            activate_qat(config)?
-        } else {
-            None
+        let (offload, pool) = tls::offload_for(plan.offload, plan.pool_threads)
+            .map_err(StartupError::HandshakePool)?;
+        let qat = match &plan.qat {
+            Some(qat) => activate_qat(qat)?,
+            None => None,
         };
-        let mut qat_offload_active = qat_state.is_some();
-
         let [lines, dropped, errors] = metrics.access_log();
         let access_log =
-            crate::access_log::AccessLog::start(&config.access_log, lines, dropped, errors)
-                .map_err(|e| StartupError(format!("access log: {e}")))?;
+            crate::access_log::AccessLog::start(&plan.access_log, lines, dropped, errors)
+                .map_err(StartupError::AccessLog)?;
         if access_log.is_some() {
-            tracing::info!(target = %config.access_log.target, format = ?config.access_log.format, sample = config.access_log.sample, "access log on");
+            tracing::info!(target = %plan.access_log.target, format = ?plan.access_log.format, sample = plan.access_log.sample, "access log on");
         }
-        let mut listeners = Vec::with_capacity(config.listeners.len());
-        for (i, lc) in config.listeners.iter().enumerate() {
-            let name = lc.display_name(i);
-            let at = |what: &str, e: &dyn std::fmt::Display| {
-                StartupError(format!("listener {name:?} (listener[{i}]): {what}{e}"))
-            };
-            let default_alpn = lc.mode.default_alpn();
-            let resolved = tls::resolve_configured(config, lc, qat_state.as_deref())
-                .map_err(|e| at("", &e))?;
-            if let Some(proof) = &resolved.qat_proof {
-                tracing::info!(listener = %name, "QAT start-up proof: {proof}");
-            }
-            if let Some(why) = &resolved.fell_back {
-                tracing::warn!(listener = %name, reason = %why, "QAT offload is off for this listener: signing in software OpenSSL (qat.fallback = \"software\")");
-                if qat_state.is_some() {
-                    qat_offload_active = false;
-                }
-            }
-            warn_if_key_readable_by_others(&name, &lc.key);
-            let tls::ResolvedTls {
-                provider,
-                cert,
-                config: tls_config,
-                ..
-            } = resolved;
-            let provider_name = provider.name();
-            let nodes = lc
-                .upstream
-                .iter()
-                .map(|url| UpstreamAddr::parse(url, lc.mode == ListenerMode::Tcp))
-                .collect::<Result<Vec<_>, _>>()
-                .map_err(|e| at("upstream: ", &e))?;
-            let addr: SocketAddr = lc
-                .listen
-                .parse()
-                .map_err(|e| at(&format!("listen address {:?}: ", lc.listen), &e))?;
-            let socket = bind(addr, &config.limits)
-                .map_err(|e| at(&format!("cannot listen on {addr}: "), &e))?;
-            let mode_label = match lc.mode {
-                ListenerMode::Http => "http",
-                ListenerMode::Tcp => "tcp",
-            };
-            let lm = metrics.listener(
-                &name,
-                provider_name.as_str(),
-                cert.algorithm.label(),
-                mode_label,
-                tls::handshake_label(provider_name, offload.label()),
-            );
-            let upstreams = Arc::new(UpstreamPool::new(nodes, lc.balance, &lc.health_check, &lm));
-            let health_kind =
-                lc.health_check
-                    .effective_kind(lc.upstream.len(), lc.mode, lc.upstream_protocol);
-            let mode = match lc.mode {
-                ListenerMode::Http => Mode::Http(Arc::new(HttpForwarder::new(
-                    upstreams.clone(),
-                    lc.upstream_protocol,
-                    config.limits.clone(),
-                    lm.clone(),
-                    budget.clone(),
-                    trusted.clone(),
-                    lc.security_headers,
-                    access_log.clone(),
-                ))),
-                ListenerMode::Tcp => Mode::Tcp,
-            };
-            tracing::info!(
-                listener = %name,
-                listen = %socket.local_addr().map_or(addr, |a| a),
-                upstream = %upstreams.describe(),
-                balance = ?lc.balance,
-                health_check = ?health_kind,
-                mode = mode_label,
-                provider = provider_name.as_str(),
-                library = %provider.library_version(),
-                certificate = %cert.algorithm,
-                key_bits = cert.algorithm.key_bits(),
-                subject = %cert.subject,
-                tls = %format!("{}-{}", lc.tls.min_version, lc.tls.max_version),
-                kx_groups = %lc.tls.kx_groups.iter().map(|g| g.as_str()).collect::<Vec<_>>().join(","),
-                resumption = lc.tls.resumption,
-                mtls = lc.tls.client_ca.is_some(),
-                handshake = tls::handshake_label(provider_name, offload.label()),
-                "listener ready"
-            );
-            metrics.set_certificate_expiry(&name, cert.not_after);
-            let sni_sources: Vec<crate::switch::SniSource> = lc
-                .sni
-                .iter()
-                .map(|s| (s.server_names.clone(), s.cert.clone(), s.key.clone()))
-                .collect();
-            let sni = crate::switch::build_sni(
-                &sni_sources,
-                provider_name,
-                &crate::switch::ListenerTlsShape {
-                    name: &name,
-                    policy: &lc.tls,
-                    default_alpn,
-                    mode_label,
-                    offload_label: offload.label(),
-                },
-                qat_state.as_deref(),
-                &metrics,
-            )
-            .map_err(|e| at("", &e))?;
-            crate::switch::list_sni(&metrics, &name, &sni);
-            for s in &sni {
-                warn_if_key_readable_by_others(&name, &s.key);
-                tracing::info!(listener = %name, server_names = %s.names.join(","), certificate = %s.cert.display(), algorithm = s.algorithm, "SNI certificate ready");
-            }
-            if let Some(warning) = cert.expiry_warning() {
-                tracing::warn!(listener = %name, certificate = %lc.cert.display(), "{warning}");
-            }
-            let switchable = Arc::new(SwitchableListener::new(
-                name.clone(),
-                ListenerTls {
-                    config: tls_config,
-                    metrics: lm.clone(),
-                    provider: provider_name,
-                    algorithm: cert.algorithm.label(),
-                    cert: lc.cert.clone(),
-                    key: lc.key.clone(),
-                    sni,
-                },
-                lc.tls.clone(),
-                default_alpn,
-                mode_label,
-                offload.label(),
-            ));
-            listeners.push((
-                socket,
-                Arc::new(ListenerCtx {
-                    name,
-                    tls: switchable,
-                    offload: offload.clone(),
-                    limits: config.limits.clone(),
-                    metrics: lm,
-                    mode,
-                    upstreams,
-                    health_check: (health_kind, lc.health_check.clone()),
-                }),
-            ));
+        let shared = Shared {
+            metrics,
+            budget,
+            offload,
+            qat,
+            access_log,
+        };
+        let mut listeners = Vec::with_capacity(plan.listeners.len());
+        let mut qat_offload_active = shared.qat.is_some();
+        for lp in &plan.listeners {
+            let (socket, ctx, fell_back) = start_listener(lp, plan, &shared)?;
+            qat_offload_active &= !fell_back;
+            listeners.push((socket, ctx));
         }
-        if config.uses_qat() {
+        let Shared {
+            metrics,
+            qat,
+            access_log,
+            ..
+        } = shared;
+        let qat = qat.filter(|_| qat_offload_active);
+        if let Some(qat_config) = &plan.qat {
             match crate::crypto::qat::telemetry::read_all(
-                &config.qat.telemetry_root,
-                config.qat.enable_telemetry,
+                &qat_config.telemetry_root,
+                qat_config.enable_telemetry,
             ) {
                 Ok(devices) => tracing::info!(devices = devices.len(), "QAT telemetry available"),
                 Err(reason) => tracing::info!(%reason, "QAT telemetry unavailable"),
             }
             metrics.enable_qat(
-                qat_state.clone().filter(|_| qat_offload_active),
-                config.qat.telemetry_root.clone(),
-                config.qat.enable_telemetry,
+                qat.clone(),
+                qat_config.telemetry_root.clone(),
+                qat_config.enable_telemetry,
             );
         }
-        let admin_addr: SocketAddr =
-            config.admin.listen.parse().map_err(|e| {
-                StartupError(format!("admin.listen {:?}: {e}", config.admin.listen))
-            })?;
-        let admin = bind(admin_addr, &config.limits).map_err(|e| {
-            StartupError(format!(
-                "admin listener: cannot listen on {admin_addr}: {e}"
-            ))
-        })?;
-        let token = match &config.admin.token_file {
-            Some(path) => Some(AdminToken::new(&read_token(path)?)),
-            None => None,
-        };
-        let admin_tls = match (&config.admin.tls_cert, &config.admin.tls_key) {
-            (Some(cert), Some(key)) => {
-                let (_, _, tls) = tls::listener_tls(
-                    crate::config::DEFAULT_PROVIDER,
-                    cert,
-                    key,
-                    &crate::config::TlsPolicy::default(),
-                    &[b"http/1.1"],
-                )
-                .map_err(|e| StartupError(format!("admin TLS: {e}")))?;
-                warn_if_key_readable_by_others("admin", key);
-                Some(tls)
-            }
-            _ => None,
-        };
-        if token.is_some() && admin_tls.is_none() && !admin_addr.ip().is_loopback() {
-            tracing::warn!(admin = %admin_addr, "the admin port accepts the bearer token over plain HTTP on a non-loopback address: set admin.tls_cert and admin.tls_key");
-        }
+        let (admin, admin_token, admin_guards) = bind_admin(plan)?;
         let switch = Arc::new(TlsSwitch::new(
             listeners.iter().map(|(_, ctx)| ctx.tls.clone()).collect(),
             metrics.clone(),
-            qat_state.filter(|_| qat_offload_active),
+            qat,
         ));
         Ok(Self {
             listeners,
             admin,
             switch,
-            admin_token: token,
-            admin_guards: AdminGuards {
-                max_connections: config.admin.max_connections,
-                header_read_timeout: config.admin.header_read_timeout,
-                tls: admin_tls,
-            },
+            admin_token,
+            admin_guards,
             metrics,
-            limits: config.limits.clone(),
+            limits: plan.limits.clone(),
             pool,
-            cert_watch_interval: config.cert_watch_interval,
+            cert_watch_interval: plan.cert_watch_interval,
             access_log,
         })
     }
@@ -402,6 +264,136 @@ impl Proxy {
     }
 }
 
+/// One listener of `plan`: its TLS built (QAT proof and fallback included), its nodes and
+/// forwarder set up, its socket bound. Also says whether openssl-qat fell back to software
+/// for it.
+fn start_listener(
+    lp: &ListenerPlan,
+    plan: &Plan,
+    shared: &Shared,
+) -> Result<(TcpListener, Arc<ListenerCtx>, bool), StartupError> {
+    let name = &lp.name;
+    let labels = ListenerLabels {
+        name: name.clone(),
+        mode: lp.mode_label(),
+        offload: shared.offload.label(),
+    };
+    let built = build_listener_tls(&lp.tls, &labels, shared.qat.as_deref(), &shared.metrics)
+        .map_err(|source| StartupError::ListenerTls {
+            name: name.clone(),
+            index: lp.index,
+            source: Box::new(source),
+        })?;
+    if let Some(proof) = &built.qat_proof {
+        tracing::info!(listener = %name, "QAT start-up proof: {proof}");
+    }
+    if let Some(why) = &built.fell_back {
+        tracing::warn!(listener = %name, reason = %why, "QAT offload is off for this listener: signing in software OpenSSL (qat.fallback = \"software\")");
+    }
+    for key in lp.tls.keys() {
+        warn_if_key_readable_by_others(name, key);
+    }
+    let socket = bind(lp.listen, &plan.limits).map_err(|source| StartupError::Bind {
+        what: format!("listener {name:?} (listener[{}])", lp.index),
+        addr: lp.listen,
+        source,
+    })?;
+    let lm = built.tls.metrics.clone();
+    let upstreams = Arc::new(UpstreamPool::new(
+        lp.nodes.clone(),
+        lp.balance,
+        &lp.health_check.1,
+        &lm,
+    ));
+    let mode = match lp.mode {
+        ListenerMode::Http => Mode::Http(Arc::new(HttpForwarder::new(
+            upstreams.clone(),
+            lp.upstream_protocol,
+            plan.limits.clone(),
+            lm.clone(),
+            shared.budget.clone(),
+            plan.trusted.clone(),
+            lp.security_headers,
+            shared.access_log.clone(),
+        ))),
+        ListenerMode::Tcp => Mode::Tcp,
+    };
+    let (provider, cert, policy) = (&built.provider, &built.cert, &lp.tls.policy);
+    tracing::info!(
+        listener = %name,
+        listen = %socket.local_addr().map_or(lp.listen, |a| a),
+        upstream = %upstreams.describe(),
+        balance = ?lp.balance,
+        health_check = ?lp.health_check.0,
+        mode = lp.mode_label(),
+        provider = provider.name().as_str(),
+        library = %provider.library_version(),
+        certificate = %cert.algorithm,
+        key_bits = cert.algorithm.key_bits(),
+        subject = %cert.subject,
+        tls = %format!("{}-{}", policy.min_version, policy.max_version),
+        kx_groups = %policy.kx_groups.iter().map(|g| g.as_str()).collect::<Vec<_>>().join(","),
+        resumption = policy.resumption,
+        mtls = policy.client_ca.is_some(),
+        handshake = tls::handshake_label(provider.name(), shared.offload.label()),
+        "listener ready"
+    );
+    for s in &built.tls.sni {
+        tracing::info!(listener = %name, server_names = %s.names.join(","), algorithm = s.algorithm, "SNI certificate ready");
+    }
+    let fell_back = built.fell_back.is_some();
+    let ctx = ListenerCtx {
+        name: name.clone(),
+        tls: Arc::new(SwitchableListener::new(labels, built.tls, &shared.metrics)),
+        offload: shared.offload.clone(),
+        limits: plan.limits.clone(),
+        metrics: lm,
+        mode,
+        upstreams,
+        health_check: lp.health_check.clone(),
+    };
+    Ok((socket, Arc::new(ctx), fell_back))
+}
+
+/// The admin listener bound, its token read, its TLS built (served by aws-lc-rs, whatever
+/// the listeners use).
+fn bind_admin(plan: &Plan) -> Result<(TcpListener, Option<AdminToken>, AdminGuards), StartupError> {
+    let a = &plan.admin;
+    let admin = bind(a.listen, &plan.limits).map_err(|source| StartupError::Bind {
+        what: "admin listener".to_owned(),
+        addr: a.listen,
+        source,
+    })?;
+    let token = match &a.token_file {
+        Some(path) => Some(AdminToken::new(&read_token(path)?)),
+        None => None,
+    };
+    let tls = match &a.tls {
+        Some((cert, key)) => {
+            let (_, _, tls) = tls::listener_tls(
+                crate::config::DEFAULT_PROVIDER,
+                cert,
+                key,
+                &crate::config::TlsPolicy::default(),
+                &[b"http/1.1"],
+            )
+            .map_err(StartupError::AdminTls)?;
+            warn_if_key_readable_by_others("admin", key);
+            Some(tls)
+        }
+        None => None,
+    };
+    if token.is_some() && tls.is_none() && !a.listen.ip().is_loopback() {
+        tracing::warn!(admin = %a.listen, "the admin port accepts the bearer token over plain HTTP on a non-loopback address: set admin.tls_cert and admin.tls_key");
+    }
+    let guards = AdminGuards {
+        max_connections: a.max_connections,
+        header_read_timeout: a.header_read_timeout,
+        tls,
+    };
+    Ok((admin, token, guards))
+}
+
 /// Certificate rotation: every SIGHUP reads each listener's certificate and key files again
 /// (see [`TlsSwitch::reload`]) on a blocking thread, since key loading and the signing proof
 /// are CPU work and file I/O. Failures are logged and counted; the old configuration stays.
@@ -492,8 +484,8 @@ async fn reload_on_file_change(
 
 /// Loads the QAT provider, or explains why not; `None` means software fallback was
 /// configured and is in effect.
-fn activate_qat(config: &Config) -> Result<Option<Arc<QatState>>, StartupError> {
-    match qat::activate(&config.qat) {
+fn activate_qat(config: &QatConfig) -> Result<Option<Arc<QatState>>, StartupError> {
+    match qat::activate(config) {
         Ok(state) => {
             tracing::info!(
                 provider = %state.name,
@@ -503,280 +495,28 @@ fn activate_qat(config: &Config) -> Result<Option<Arc<QatState>>, StartupError> 
             );
             Ok(Some(state))
         }
-        Err(e) if config.qat.fallback == Fallback::Software => {
+        Err(e) if config.fallback == Fallback::Software => {
             tracing::warn!(error = %e, "QAT offload is off: openssl-qat listeners sign in software OpenSSL (qat.fallback = \"software\")");
             Ok(None)
         }
-        Err(e) => Err(StartupError(format!("openssl-qat: {e}"))),
+        Err(e) => Err(StartupError::Qat(e)),
     }
 }
 
 /// The admin bearer token: the file's content, trimmed; empty is refused.
 fn read_token(path: &Path) -> Result<String, StartupError> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| StartupError(format!("admin.token_file {}: {e}", path.display())))?;
+    let problem = |problem: String| StartupError::AdminToken {
+        path: path.to_owned(),
+        problem,
+    };
+    let text = std::fs::read_to_string(path).map_err(|e| problem(e.to_string()))?;
     let token = text.trim().to_owned();
     if token.len() < 16 {
-        return Err(StartupError(format!(
-            "admin.token_file {}: the token must be at least 16 characters",
-            path.display()
-        )));
-    }
-    Ok(token)
-}
-
-fn bind(addr: SocketAddr, limits: &Limits) -> std::io::Result<TcpListener> {
-    let socket = if addr.is_ipv4() {
-        TcpSocket::new_v4()?
-    } else {
-        TcpSocket::new_v6()?
-    };
-    // Lets a restarted proxy bind while old connections sit in TIME_WAIT.
-    socket.set_reuseaddr(true)?;
-    set_connection_options(&socket, limits)?;
-    socket.bind(addr)?;
-    socket.listen(LISTEN_BACKLOG)
-}
-
-/// TCP_NODELAY, so small responses (gRPC acks, JSON results) do not wait for Nagle, and
-/// SO_KEEPALIVE, so the kernel finds a peer that vanished (power loss, a NAT that forgot
-/// the connection) even between requests, when no deadline of ours runs. Set on the
-/// listening socket, Linux copies both to every accepted connection for free.
-fn set_connection_options(socket: &impl std::os::fd::AsFd, limits: &Limits) -> std::io::Result<()> {
-    let socket = socket2::SockRef::from(socket);
-    socket.set_tcp_nodelay(true)?;
-    let keepalive = socket2::TcpKeepalive::new()
-        .with_time(limits.tcp_keepalive)
-        .with_interval(TCP_KEEPALIVE_PROBE_INTERVAL)
-        .with_retries(TCP_KEEPALIVE_PROBES);
-    socket.set_tcp_keepalive(&keepalive)
-}
-
-async fn accept_loop(
-    listener: TcpListener,
-    ctx: Arc<ListenerCtx>,
-    limit: Arc<Semaphore>,
-    tracker: TaskTracker,
-    shutdown: CancellationToken,
-) {
-    loop {
-        // Take a slot before accepting: at the limit, new connections wait in the kernel's
-        // queue instead of being accepted and starved.
-        let permit = tokio::select! {
-            p = limit.clone().acquire_owned() => match p {
-                Ok(p) => p,
-                Err(_) => return,
-            },
-            _ = shutdown.cancelled() => return,
-        };
-        let (stream, peer) = tokio::select! {
-            r = listener.accept() => match r {
-                Ok(s) => s,
-                Err(e) => {
-                    // EMFILE and friends: back off briefly rather than spin.
-                    tracing::warn!(listener = %ctx.name, error = %e, "accept failed");
-                    tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-                    continue;
-                }
-            },
-            _ = shutdown.cancelled() => return,
-        };
-        tracker.spawn(handle_connection(
-            ctx.clone(),
-            stream,
-            peer,
-            permit,
-            shutdown.clone(),
+        return Err(problem(
+            "the token must be at least 16 characters".to_owned(),
         ));
     }
-}
-
-/// Decrements the active-connections gauge however the connection task ends.
-struct ActiveGuard(IntGauge);
-
-impl Drop for ActiveGuard {
-    fn drop(&mut self) {
-        self.0.dec();
-    }
-}
-
-async fn handle_connection(
-    ctx: Arc<ListenerCtx>,
-    stream: TcpStream,
-    peer: SocketAddr,
-    _permit: OwnedSemaphorePermit,
-    shutdown: CancellationToken,
-) {
-    let m = &ctx.metrics;
-    m.accepted.inc();
-    m.active.inc();
-    let _active = ActiveGuard(m.active.clone());
-    // Linux hands the listener's TCP_NODELAY and keep-alive settings to every accepted
-    // socket (see `bind`); elsewhere they are set here, five system calls per connection.
-    #[cfg(not(target_os = "linux"))]
-    let _ = set_connection_options(&stream, &ctx.limits);
-    let activity = Activity::new(
-        matches!(ctx.mode, Mode::Tcp),
-        ctx.limits.h2_max_reset_streams,
-    );
-    let io = CountingIo::new(stream, m.received.clone(), m.sent.clone(), activity.clone());
-    let started = Instant::now();
-
-    // Read once: a switch while this handshake runs does not affect it.
-    let current = ctx.tls.current();
-    // Until the ClientHello names a server, failures count against the default certificate.
-    let m = &current.metrics;
-    // The handshake's and the forwarding's state machines are boxed, so the task itself
-    // (allocated for every connection at accept) holds only what an idle connection needs:
-    // inline, they made it 11 KiB, most of an idle connection's memory.
-    let handshake = tokio::time::timeout(
-        ctx.limits.handshake_timeout,
-        Box::pin(tls::accept(
-            io,
-            |server_name| current.config_for(server_name),
-            &ctx.offload,
-            current.waits_for_signer(),
-        )),
-    )
-    .await;
-    let tls_stream = match handshake {
-        Ok(Ok(s)) => s,
-        Ok(Err(e)) => {
-            m.handshake_failed("error");
-            m.connection_error("handshake");
-            crate::peer_warn!(listener = %ctx.name, %peer, error = %e, "TLS handshake failed");
-            return;
-        }
-        Err(_) => {
-            m.handshake_failed("timeout");
-            m.connection_error("handshake_timeout");
-            crate::peer_warn!(
-                listener = %ctx.name,
-                %peer,
-                timeout = ?ctx.limits.handshake_timeout,
-                "TLS handshake timed out"
-            );
-            return;
-        }
-    };
-    let (version, resumed, h2) = tls::describe(&tls_stream);
-    let m = current.metrics_for(tls_stream.get_ref().1.server_name());
-    m.handshake_ok(version, resumed, started.elapsed());
-
-    match &ctx.mode {
-        Mode::Http(forwarder) => {
-            let mut tls_stream = tls_stream;
-            if !h2 {
-                match first_request_bytes(
-                    &mut tls_stream,
-                    &activity,
-                    forwarder.quiet_limits(),
-                    &shutdown,
-                )
-                .await
-                {
-                    FirstBytes::Arrived => {}
-                    FirstBytes::Quiet(why) => {
-                        m.connection_closed(why.label());
-                        return;
-                    }
-                    FirstBytes::Draining => return,
-                }
-            }
-            if let Err(e) = Box::pin(forwarder.serve(
-                tls_stream,
-                h2,
-                peer,
-                crate::http::TlsFacts {
-                    version,
-                    resumed,
-                    provider: current.provider.as_str(),
-                },
-                activity,
-                shutdown,
-            ))
-            .await
-            {
-                if !is_benign_close(&e) {
-                    m.connection_error("http");
-                    crate::peer_warn!(listener = %ctx.name, %peer, error = %e, "connection error");
-                }
-            }
-        }
-        Mode::Tcp => {
-            // The server has nothing to say first in tcp mode: see `acknowledge_finished`.
-            acknowledge_finished(tls_stream.get_ref().0.get_ref());
-            match Box::pin(crate::tcp::splice(
-                tls_stream,
-                &ctx.upstreams,
-                ctx.limits.upstream_connect_timeout,
-                activity,
-                ctx.limits.idle_timeout,
-            ))
-            .await
-            {
-                Ok(_) => {}
-                Err(e @ crate::tcp::SpliceError::Connect { .. }) => {
-                    m.upstream_error("connect");
-                    m.connection_error("upstream_connect");
-                    crate::peer_warn!(listener = %ctx.name, %peer, error = %e, "connection error");
-                }
-                Err(crate::tcp::SpliceError::Copy(e)) => {
-                    if !matches!(
-                        e.kind(),
-                        std::io::ErrorKind::ConnectionReset
-                            | std::io::ErrorKind::BrokenPipe
-                            | std::io::ErrorKind::UnexpectedEof
-                    ) {
-                        m.connection_error("io");
-                        crate::peer_warn!(listener = %ctx.name, %peer, error = %e, "connection error");
-                    }
-                }
-            }
-        }
-    }
-}
-
-/// How the wait for an HTTP/1.1 client's first bytes ended.
-enum FirstBytes {
-    Arrived,
-    Quiet(Quiet),
-    Draining,
-}
-
-/// Waits until an HTTP/1.1 client has sent something after the handshake, at most the
-/// first-request timeout. Until then the connection holds no HTTP state: hyper allocates
-/// its 8 KiB read buffer as soon as it is polled, which was a third of an idle
-/// connection's memory (nginx too allocates its buffer only when data arrives).
-async fn first_request_bytes(
-    stream: &mut tokio_rustls::server::TlsStream<CountingIo<TcpStream>>,
-    activity: &Activity,
-    limits: &QuietLimits,
-    shutdown: &CancellationToken,
-) -> FirstBytes {
-    let (io, conn) = stream.get_mut();
-    // The request may have come with the client's Finished and already sit in rustls.
-    match conn.process_new_packets() {
-        Ok(state) if state.plaintext_bytes_to_read() == 0 && !state.peer_has_closed() => {}
-        // Data, a close or an error: hyper's first read sees it.
-        _ => return FirstBytes::Arrived,
-    }
-    let tcp = io.get_ref();
-    // Usually the request is already in the socket: one peek says so without the round trip
-    // through the reactor that waiting for readiness would cost.
-    let mut probe = [std::mem::MaybeUninit::<u8>::uninit(); 1];
-    match socket2::SockRef::from(tcp).peek(&mut probe) {
-        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
-        // Data, end of stream or an error: hyper's first read sees it.
-        _ => return FirstBytes::Arrived,
-    }
-    // Nothing yet: the client may be waiting for the ACK of its Finished.
-    acknowledge_finished(tcp);
-    tokio::select! {
-        _ = tcp.readable() => FirstBytes::Arrived,
-        why = activity.wait_quiet(limits) => FirstBytes::Quiet(why),
-        _ = shutdown.cancelled() => FirstBytes::Draining,
-    }
+    Ok(token)
 }
 
 /// A private key anybody on the host can read is a key anybody on the host has.
@@ -793,38 +533,6 @@ fn warn_if_key_readable_by_others(listener: &str, key: &Path) {
             );
         }
     }
-}
-
-/// Sends the ACK of the client's Finished now. A client that keeps Nagle on holds its first
-/// request until that ACK arrives; HTTP/2 answers the handshake with SETTINGS, which carries
-/// it, but HTTP/1.1 and tcp mode have nothing to send (and no session tickets when
-/// resumption is off), so the kernel would hold it for its delayed-ACK timer: the first
-/// response came 41 ms after the handshake. Done only when the request is not already
-/// there, so most clients never see the extra packet; `loadgen bench` showed no difference
-/// in CPU per connection with it (waiting a millisecond first instead left Nagle clients at
-/// 2.3 ms).
-fn acknowledge_finished(tcp: &TcpStream) {
-    let _ = socket2::SockRef::from(tcp).set_tcp_quickack(true);
-}
-
-/// A client that goes away between requests is normal, not an error worth a log line.
-fn is_benign_close(e: &hyper::Error) -> bool {
-    if e.is_incomplete_message() || e.is_canceled() {
-        return false;
-    }
-    let mut source = std::error::Error::source(e);
-    while let Some(s) = source {
-        if let Some(io) = s.downcast_ref::<std::io::Error>() {
-            return matches!(
-                io.kind(),
-                std::io::ErrorKind::ConnectionReset
-                    | std::io::ErrorKind::BrokenPipe
-                    | std::io::ErrorKind::UnexpectedEof
-            );
-        }
-        source = s.source();
-    }
-    false
 }
 
 /// Writes the bound addresses as JSON to `path` (atomically), so scripts and the load
@@ -846,34 +554,4 @@ pub fn write_ready_file(
     let tmp = path.with_extension("tmp");
     std::fs::write(&tmp, doc.to_string())?;
     std::fs::rename(&tmp, path)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// Accepted connections get TCP_NODELAY and the keep-alive settings from the
-    /// listening socket (on Linux by inheritance, elsewhere per connection).
-    #[tokio::test]
-    async fn accepted_sockets_have_nodelay_and_keepalive() {
-        let limits = Limits {
-            tcp_keepalive: std::time::Duration::from_secs(45),
-            ..Limits::default()
-        };
-        let listener = bind("127.0.0.1:0".parse().unwrap(), &limits).unwrap();
-        let addr = listener.local_addr().unwrap();
-        let _client = TcpStream::connect(addr).await.unwrap();
-        let (accepted, _) = listener.accept().await.unwrap();
-        #[cfg(not(target_os = "linux"))]
-        set_connection_options(&accepted, &limits).unwrap();
-        let s = socket2::SockRef::from(&accepted);
-        assert!(s.tcp_nodelay().unwrap());
-        assert!(s.keepalive().unwrap());
-        assert_eq!(s.tcp_keepalive_time().unwrap(), limits.tcp_keepalive);
-        assert_eq!(
-            s.tcp_keepalive_interval().unwrap(),
-            TCP_KEEPALIVE_PROBE_INTERVAL
-        );
-        assert_eq!(s.tcp_keepalive_retries().unwrap(), TCP_KEEPALIVE_PROBES);
-    }
 }

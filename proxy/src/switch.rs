@@ -3,8 +3,9 @@
 //! Each listener reads its current [`ListenerTls`] once per accepted connection from an
 //! `ArcSwap`, so a switch is one atomic pointer store: connections accepted afterwards
 //! handshake with the new configuration, established ones keep theirs, and nothing is
-//! dropped. The new configuration is built exactly as start-up builds it (provider with the
-//! listener's key-exchange groups, key loaded through the provider and proven against the
+//! dropped. The new configuration is built from the listener's [`TlsPlan`] by the function
+//! start-up and `check-config` use, [`build_listener_tls`] (provider with the listener's
+//! key-exchange groups, key loaded through the provider and proven against the
 //! certificate, the QAT signing proof for openssl-qat), so a bad request changes nothing.
 //!
 //! `loadgen compare --proxy-admin URL` drives this through `POST /admin/tls`, authorised by
@@ -19,10 +20,10 @@ use arc_swap::ArcSwap;
 use rustls::ServerConfig;
 use serde::{Deserialize, Serialize};
 
-use crate::config::TlsPolicy;
 use crate::crypto::qat::{Fallback, QatState};
-use crate::crypto::ProviderName;
+use crate::crypto::{CryptoError, LoadedCert, Provider, ProviderName};
 use crate::metrics::{ListenerMetrics, Metrics};
+use crate::plan::TlsPlan;
 use crate::tls;
 
 /// One file's identity for change detection (see [`TlsSwitch::file_stamps`]).
@@ -59,21 +60,8 @@ pub struct SniTls {
     pub metrics: ListenerMetrics,
     /// The certificate's algorithm label.
     pub algorithm: &'static str,
-    /// Where the certificate chain was read from.
-    pub cert: PathBuf,
-    /// Where the private key was read from.
-    pub key: PathBuf,
     /// The certificate's notAfter, seconds since the epoch.
     pub not_after: i64,
-}
-
-/// Lists a listener's SNI certificates in the metrics, once they are in effect.
-pub fn list_sni(metrics: &Metrics, listener: &str, sni: &[SniTls]) {
-    let listed: Vec<(String, &'static str, i64)> = sni
-        .iter()
-        .map(|s| (s.names.join(","), s.algorithm, s.not_after))
-        .collect();
-    metrics.set_sni_certificates(listener, &listed);
 }
 
 /// What a listener handshakes with right now.
@@ -86,12 +74,13 @@ pub struct ListenerTls {
     pub provider: ProviderName,
     /// The certificate's algorithm label.
     pub algorithm: &'static str,
-    /// Where the certificate chain was read from (what a reload reads again).
-    pub cert: PathBuf,
-    /// Where the private key was read from.
-    pub key: PathBuf,
+    /// The certificate's notAfter, seconds since the epoch.
+    pub not_after: i64,
     /// Certificates chosen by server name; the one above serves every other name.
     pub sni: Vec<SniTls>,
+    /// What this was built from, with the provider in effect and no fallback: what a
+    /// reload builds again and a switch starts from.
+    pub plan: TlsPlan,
 }
 
 impl ListenerTls {
@@ -132,98 +121,158 @@ impl ListenerTls {
     pub fn waits_for_signer(&self) -> bool {
         self.provider == ProviderName::OpensslQat
     }
+
+    /// Publishes what this listener serves in the metrics: the default certificate's
+    /// expiry and the SNI certificates. Called when it comes into effect.
+    fn publish(&self, metrics: &Metrics, listener: &str) {
+        metrics.set_certificate_expiry(listener, self.not_after);
+        let listed: Vec<(String, &'static str, i64)> = self
+            .sni
+            .iter()
+            .map(|s| (s.names.join(","), s.algorithm, s.not_after))
+            .collect();
+        metrics.set_sni_certificates(listener, &listed);
+    }
 }
 
-/// A listener's SNI certificate as configured: names, certificate and key files.
-pub type SniSource = (Vec<String>, PathBuf, PathBuf);
-
-/// What a listener's TLS is built from, besides its provider and default certificate.
-pub struct ListenerTlsShape<'a> {
+/// A listener's name and the metric labels that do not change with its TLS.
+#[derive(Clone, Debug)]
+pub struct ListenerLabels {
     /// The listener's name.
-    pub name: &'a str,
-    /// Its TLS policy.
-    pub policy: &'a TlsPolicy,
-    /// ALPN protocols when the policy lists none.
-    pub default_alpn: &'a [&'a [u8]],
-    /// `http` or `tcp`, for metric labels.
-    pub mode_label: &'static str,
-    /// Where handshakes sign, for metric labels.
-    pub offload_label: &'static str,
+    pub name: String,
+    /// `http` or `tcp`.
+    pub mode: &'static str,
+    /// Where handshakes sign (`tls::Offload::label`).
+    pub offload: &'static str,
 }
 
-/// Builds a listener's SNI certificates with `provider` (the one in effect for its default
-/// certificate), exactly as the default is built: key proven against the certificate, the
-/// QAT proof for openssl-qat. Blocking.
-pub fn build_sni(
-    sources: &[SniSource],
-    provider: ProviderName,
-    shape: &ListenerTlsShape<'_>,
+/// A listener's TLS as built from its plan, with what start-up reports about it.
+pub struct BuiltTls {
+    /// What the listener handshakes with.
+    pub tls: ListenerTls,
+    /// The provider in effect, for its library version.
+    pub provider: Provider,
+    /// The default certificate, loaded and proven against its key.
+    pub cert: LoadedCert,
+    /// openssl-qat: the start-up proof that signatures are offloaded.
+    pub qat_proof: Option<String>,
+    /// openssl-qat was asked for and software OpenSSL is in effect, and why.
+    pub fell_back: Option<String>,
+}
+
+/// Why a listener's TLS could not be built from its plan.
+#[derive(Debug, thiserror::Error)]
+pub enum TlsBuildError {
+    /// The default certificate, its key or its provider.
+    #[error(transparent)]
+    Default(CryptoError),
+    /// An SNI certificate, its key, or the provider in effect for it.
+    #[error("SNI certificate {}: {source}", cert.display())]
+    Sni {
+        /// The certificate file.
+        cert: PathBuf,
+        /// What failed.
+        source: CryptoError,
+    },
+}
+
+/// Builds a listener's TLS from `plan`: the default certificate with the provider the plan
+/// asks for (the QAT proof and fallback for openssl-qat: `tls::resolve_listener_tls`), then
+/// each SNI certificate exactly the same way with the provider in effect for the default,
+/// never falling back. The one way start-up, `check-config`, reloads and switches build a
+/// listener's TLS. Blocking (key loading, the signing proof).
+pub fn build_listener_tls(
+    plan: &TlsPlan,
+    labels: &ListenerLabels,
     qat: Option<&QatState>,
     metrics: &Metrics,
-) -> Result<Vec<SniTls>, String> {
-    let mut built = Vec::with_capacity(sources.len());
-    for (names, cert_path, key_path) in sources {
-        let resolved = tls::resolve_listener_tls(
+) -> Result<BuiltTls, TlsBuildError> {
+    let resolved = tls::resolve_listener_tls(
+        plan.provider,
+        &plan.cert,
+        &plan.key,
+        &plan.policy,
+        plan.default_alpn,
+        qat,
+        plan.fallback,
+    )
+    .map_err(TlsBuildError::Default)?;
+    let provider = resolved.provider.name();
+    let listener_metrics = |algorithm: &'static str| {
+        metrics.listener(
+            &labels.name,
+            provider.as_str(),
+            algorithm,
+            labels.mode,
+            tls::handshake_label(provider, labels.offload),
+        )
+    };
+    let mut sni = Vec::with_capacity(plan.sni.len());
+    for entry in &plan.sni {
+        let built = tls::resolve_listener_tls(
             provider,
-            cert_path,
-            key_path,
-            shape.policy,
-            shape.default_alpn,
+            &entry.cert,
+            &entry.key,
+            &plan.policy,
+            plan.default_alpn,
             qat,
             Fallback::None,
         )
-        .map_err(|e| format!("SNI certificate {}: {e}", cert_path.display()))?;
-        let algorithm = resolved.cert.algorithm.label();
-        if let Some(warning) = resolved.cert.expiry_warning() {
-            tracing::warn!(listener = %shape.name, certificate = %cert_path.display(), "{warning}");
+        .map_err(|source| TlsBuildError::Sni {
+            cert: entry.cert.clone(),
+            source,
+        })?;
+        if let Some(warning) = built.cert.expiry_warning() {
+            tracing::warn!(listener = %labels.name, certificate = %entry.cert.display(), "{warning}");
         }
-        built.push(SniTls {
-            names: names.iter().map(|n| n.to_ascii_lowercase()).collect(),
-            config: resolved.config,
-            metrics: metrics.listener(
-                shape.name,
-                provider.as_str(),
-                algorithm,
-                shape.mode_label,
-                tls::handshake_label(provider, shape.offload_label),
-            ),
+        let algorithm = built.cert.algorithm.label();
+        sni.push(SniTls {
+            names: entry.names.clone(),
+            config: built.config,
+            metrics: listener_metrics(algorithm),
             algorithm,
-            cert: cert_path.clone(),
-            key: key_path.clone(),
-            not_after: resolved.cert.not_after,
+            not_after: built.cert.not_after,
         });
     }
-    Ok(built)
+    if let Some(warning) = resolved.cert.expiry_warning() {
+        tracing::warn!(listener = %labels.name, certificate = %plan.cert.display(), "{warning}");
+    }
+    let algorithm = resolved.cert.algorithm.label();
+    Ok(BuiltTls {
+        tls: ListenerTls {
+            config: resolved.config,
+            metrics: listener_metrics(algorithm),
+            provider,
+            algorithm,
+            not_after: resolved.cert.not_after,
+            sni,
+            plan: TlsPlan {
+                provider,
+                fallback: Fallback::None,
+                ..plan.clone()
+            },
+        },
+        provider: resolved.provider,
+        cert: resolved.cert,
+        qat_proof: resolved.qat_proof,
+        fell_back: resolved.fell_back,
+    })
 }
 
-/// One listener's switchable TLS state and what a rebuild needs.
+/// One listener's switchable TLS state.
 pub struct SwitchableListener {
-    /// Listener name.
-    pub name: String,
+    /// Name and fixed labels.
+    pub labels: ListenerLabels,
     current: ArcSwap<ListenerTls>,
-    policy: TlsPolicy,
-    default_alpn: Vec<Vec<u8>>,
-    mode_label: &'static str,
-    offload_label: &'static str,
 }
 
 impl SwitchableListener {
-    /// Wraps the start-up state of a listener.
-    pub fn new(
-        name: String,
-        initial: ListenerTls,
-        policy: TlsPolicy,
-        default_alpn: &[&[u8]],
-        mode_label: &'static str,
-        offload_label: &'static str,
-    ) -> Self {
+    /// Wraps the start-up state of a listener and publishes it in the metrics.
+    pub fn new(labels: ListenerLabels, initial: ListenerTls, metrics: &Metrics) -> Self {
+        initial.publish(metrics, &labels.name);
         Self {
-            name,
+            labels,
             current: ArcSwap::from_pointee(initial),
-            policy,
-            default_alpn: default_alpn.iter().map(|p| p.to_vec()).collect(),
-            mode_label,
-            offload_label,
         }
     }
 
@@ -267,27 +316,39 @@ pub enum SwitchError {
     /// No listener by that name.
     #[error("no listener named {0:?}")]
     UnknownListener(String),
-    /// The provider, key or certificate could not be used.
-    #[error("{0}")]
-    Invalid(String),
+    /// A certificate or key path the request names is not a modest regular file.
+    #[error("{}: {problem}", path.display())]
+    File {
+        /// The path as requested.
+        path: PathBuf,
+        /// What is wrong with it.
+        problem: String,
+    },
+    /// A listener's new TLS could not be built.
+    #[error("listener {listener:?}: {source}")]
+    Build {
+        /// The listener.
+        listener: String,
+        /// What failed.
+        source: TlsBuildError,
+    },
 }
 
 /// Largest certificate chain or key file the admin API reads; real chains are a few KiB.
 const MAX_PEM_FILE_BYTES: u64 = 1024 * 1024;
 
 fn check_pem_file(path: &std::path::Path) -> Result<(), SwitchError> {
-    let meta = std::fs::metadata(path)
-        .map_err(|e| SwitchError::Invalid(format!("{}: {e}", path.display())))?;
+    let problem = |problem: String| SwitchError::File {
+        path: path.to_owned(),
+        problem,
+    };
+    let meta = std::fs::metadata(path).map_err(|e| problem(e.to_string()))?;
     if !meta.is_file() {
-        return Err(SwitchError::Invalid(format!(
-            "{}: not a regular file",
-            path.display()
-        )));
+        return Err(problem("not a regular file".to_owned()));
     }
     if meta.len() > MAX_PEM_FILE_BYTES {
-        return Err(SwitchError::Invalid(format!(
-            "{}: {} bytes, more than the {MAX_PEM_FILE_BYTES} a certificate or key file may have",
-            path.display(),
+        return Err(problem(format!(
+            "{} bytes, more than the {MAX_PEM_FILE_BYTES} a certificate or key file may have",
             meta.len()
         )));
     }
@@ -327,8 +388,29 @@ impl TlsSwitch {
         for path in [&req.cert, &req.key] {
             check_pem_file(path)?;
         }
+        let targets: Vec<&Arc<SwitchableListener>> = match &req.listener {
+            Some(name) => vec![self
+                .listeners
+                .iter()
+                .find(|l| &l.labels.name == name)
+                .ok_or_else(|| SwitchError::UnknownListener(name.clone()))?],
+            None => self.listeners.iter().collect(),
+        };
         let _one_at_a_time = self.changing.lock().unwrap_or_else(|p| p.into_inner());
-        self.install(req, "TLS configuration switched")
+        let mut built = Vec::with_capacity(targets.len());
+        for l in targets {
+            // Strict: a switch to openssl-qat without a working QAT provider is refused,
+            // never quietly served in software (`switched` turns the fallback off).
+            let plan = l
+                .current()
+                .plan
+                .switched(req.provider, req.cert.clone(), req.key.clone());
+            built.push((l, self.build(l, &plan)?));
+        }
+        Ok(built
+            .into_iter()
+            .map(|(l, b)| self.install(l, b, "TLS configuration switched"))
+            .collect())
     }
 
     /// What the certificate and key files of every listener are right now, as far as a
@@ -340,155 +422,73 @@ impl TlsSwitch {
             .iter()
             .flat_map(|l| {
                 let current = l.current();
-                let mut paths = vec![current.cert.clone(), current.key.clone()];
-                for s in &current.sni {
-                    paths.extend([s.cert.clone(), s.key.clone()]);
-                }
-                paths
+                current.plan.files().map(FileStamp::of).collect::<Vec<_>>()
             })
-            .map(|path| FileStamp::of(&path))
             .collect()
     }
 
-    /// Reads every listener's certificate and key again from the same files, with the same
-    /// provider; each listener on its own, so one bad file pair stops only its listener's
+    /// Builds every listener's TLS again from the plan in effect (same files, same
+    /// provider); each listener on its own, so one bad file pair stops only its listener's
     /// reload. Returns `(listener, outcome)` for each. Blocking, like [`Self::apply`].
     pub fn reload(&self) -> Vec<(String, Result<SwitchOutcome, SwitchError>)> {
         let _one_at_a_time = self.changing.lock().unwrap_or_else(|p| p.into_inner());
         self.listeners
             .iter()
             .map(|l| {
-                let current = l.current();
-                let req = SwitchRequest {
-                    listener: Some(l.name.clone()),
-                    provider: current.provider,
-                    cert: current.cert.clone(),
-                    key: current.key.clone(),
-                };
+                let plan = l.current().plan.clone();
                 let outcome = self
-                    .install(&req, "TLS certificate reloaded")
-                    .map(|mut o| o.remove(0));
-                self.metrics.tls_reloaded(&l.name, outcome.is_ok());
-                (l.name.clone(), outcome)
+                    .build(l, &plan)
+                    .map(|b| self.install(l, b, "TLS certificate reloaded"));
+                self.metrics.tls_reloaded(&l.labels.name, outcome.is_ok());
+                (l.labels.name.clone(), outcome)
             })
             .collect()
     }
 
+    fn build(&self, l: &SwitchableListener, plan: &TlsPlan) -> Result<BuiltTls, SwitchError> {
+        build_listener_tls(plan, &l.labels, self.qat.as_deref(), &self.metrics).map_err(|source| {
+            SwitchError::Build {
+                listener: l.labels.name.clone(),
+                source,
+            }
+        })
+    }
+
     fn install(
         &self,
-        req: &SwitchRequest,
+        l: &SwitchableListener,
+        built: BuiltTls,
         what: &'static str,
-    ) -> Result<Vec<SwitchOutcome>, SwitchError> {
-        let targets: Vec<&Arc<SwitchableListener>> = match &req.listener {
-            Some(name) => vec![self
-                .listeners
-                .iter()
-                .find(|l| &l.name == name)
-                .ok_or_else(|| SwitchError::UnknownListener(name.clone()))?],
-            None => self.listeners.iter().collect(),
-        };
-        let invalid = |l: &SwitchableListener, e: &dyn std::fmt::Display| {
-            SwitchError::Invalid(format!("listener {:?}: {e}", l.name))
-        };
-        let mut built = Vec::with_capacity(targets.len());
-        for l in &targets {
-            let alpn: Vec<&[u8]> = l.default_alpn.iter().map(Vec::as_slice).collect();
-            // Strict: a switch to openssl-qat without a working QAT provider is refused,
-            // never quietly served in software.
-            let tls::ResolvedTls {
-                provider,
-                cert,
-                config,
-                ..
-            } = tls::resolve_listener_tls(
-                req.provider,
-                &req.cert,
-                &req.key,
-                &l.policy,
-                &alpn,
-                self.qat.as_deref(),
-                Fallback::None,
-            )
-            .map_err(|e| invalid(l, &e))?;
-            if let Some(warning) = cert.expiry_warning() {
-                tracing::warn!(listener = %l.name, certificate = %req.cert.display(), "{warning}");
-            }
-            // The SNI certificates keep their files and follow the default's provider.
-            let sources: Vec<SniSource> = l
-                .current()
-                .sni
-                .iter()
-                .map(|s| (s.names.clone(), s.cert.clone(), s.key.clone()))
-                .collect();
-            let sni = build_sni(
-                &sources,
-                provider.name(),
-                &ListenerTlsShape {
-                    name: &l.name,
-                    policy: &l.policy,
-                    default_alpn: &alpn,
-                    mode_label: l.mode_label,
-                    offload_label: l.offload_label,
-                },
-                self.qat.as_deref(),
-                &self.metrics,
-            )
-            .map_err(|e| invalid(l, &e))?;
-            built.push((
-                l,
-                provider,
-                cert.algorithm.label(),
-                cert.not_after,
-                config,
-                sni,
-            ));
-        }
-        let mut outcomes = Vec::with_capacity(built.len());
-        for (l, provider, algorithm, not_after, config, sni) in built {
-            let old = l.current();
-            list_sni(&self.metrics, &l.name, &sni);
-            let metrics = self.metrics.listener(
-                &l.name,
-                provider.name().as_str(),
-                algorithm,
-                l.mode_label,
-                tls::handshake_label(provider.name(), l.offload_label),
+    ) -> SwitchOutcome {
+        let new = built.tls;
+        let old = l.current();
+        new.publish(&self.metrics, &l.labels.name);
+        let (provider, algorithm) = (new.provider, new.algorithm);
+        let certificate = new.plan.cert.display().to_string();
+        l.current.store(Arc::new(new));
+        if (old.provider, old.algorithm) != (provider, algorithm) {
+            self.metrics.retire_listener_info(
+                &l.labels.name,
+                old.provider.as_str(),
+                old.algorithm,
+                l.labels.mode,
+                tls::handshake_label(old.provider, l.labels.offload),
             );
-            l.current.store(Arc::new(ListenerTls {
-                config,
-                metrics,
-                provider: provider.name(),
-                algorithm,
-                cert: req.cert.clone(),
-                key: req.key.clone(),
-                sni,
-            }));
-            self.metrics.set_certificate_expiry(&l.name, not_after);
-            if (old.provider, old.algorithm) != (provider.name(), algorithm) {
-                self.metrics.retire_listener_info(
-                    &l.name,
-                    old.provider.as_str(),
-                    old.algorithm,
-                    l.mode_label,
-                    tls::handshake_label(old.provider, l.offload_label),
-                );
-            }
-            tracing::info!(
-                listener = %l.name,
-                from_provider = old.provider.as_str(),
-                from_algorithm = old.algorithm,
-                provider = provider.name().as_str(),
-                algorithm,
-                certificate = %req.cert.display(),
-                "{what}"
-            );
-            outcomes.push(SwitchOutcome {
-                listener: l.name.clone(),
-                provider: provider.name().to_string(),
-                algorithm: algorithm.to_owned(),
-                library: provider.library_version(),
-            });
         }
-        Ok(outcomes)
+        tracing::info!(
+            listener = %l.labels.name,
+            from_provider = old.provider.as_str(),
+            from_algorithm = old.algorithm,
+            provider = provider.as_str(),
+            algorithm,
+            certificate,
+            "{what}"
+        );
+        SwitchOutcome {
+            listener: l.labels.name.clone(),
+            provider: provider.to_string(),
+            algorithm: algorithm.to_owned(),
+            library: built.provider.library_version(),
+        }
     }
 }

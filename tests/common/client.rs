@@ -28,42 +28,28 @@ impl Default for ClientOpts {
     }
 }
 
-/// A rustls client config that trusts the generated CA.
+/// A rustls client config that trusts the generated CA, built by the project's one client
+/// builder (`proxy::tls::client::ClientTls`).
 pub fn client_config(opts: &ClientOpts) -> Arc<ClientConfig> {
-    let provider = Provider::new(opts.provider, &[KxGroupName::X25519]).expect("client provider");
-    let mut versions = Vec::new();
-    if opts.tls13 {
-        versions.push(&rustls::version::TLS13);
+    use proxy::config::TlsVersion;
+    use proxy::tls::client::ClientTls;
+    let versions = [
+        (opts.tls13, TlsVersion::Tls13),
+        (opts.tls12, TlsVersion::Tls12),
+    ]
+    .into_iter()
+    .filter_map(|(on, v)| on.then_some(v))
+    .collect();
+    ClientTls {
+        provider: opts.provider,
+        versions,
+        alpn: opts.alpn.clone(),
+        resumption: opts.resumption,
+        client_auth: opts.client_cert.then(|| certs().client.clone()),
+        ..ClientTls::trusting(&certs().ca_cert)
     }
-    if opts.tls12 {
-        versions.push(&rustls::version::TLS12);
-    }
-    let mut roots = rustls::RootCertStore::empty();
-    for cert in CertificateDer::pem_file_iter(&certs().ca_cert).expect("ca file") {
-        roots.add(cert.expect("ca cert")).expect("add ca");
-    }
-    let builder = ClientConfig::builder_with_provider(provider.crypto().clone())
-        .with_protocol_versions(&versions)
-        .expect("versions")
-        .with_root_certificates(roots);
-    let mut config = if opts.client_cert {
-        let (cert, key) = &certs().client;
-        let chain = CertificateDer::pem_file_iter(cert)
-            .expect("client cert")
-            .collect::<Result<Vec<_>, _>>()
-            .expect("client cert pem");
-        let key = PrivateKeyDer::from_pem_file(key).expect("client key");
-        builder
-            .with_client_auth_cert(chain, key)
-            .expect("client auth")
-    } else {
-        builder.with_no_client_auth()
-    };
-    config.alpn_protocols = opts.alpn.clone();
-    if !opts.resumption {
-        config.resumption = rustls::client::Resumption::disabled();
-    }
-    Arc::new(config)
+    .build()
+    .expect("test client configuration")
 }
 
 /// Opens a TLS connection to `addr`, verifying the name "localhost".

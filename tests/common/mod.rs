@@ -34,11 +34,8 @@ use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo};
-use proxy::crypto::{
-    generate_cert_set, CertAlgorithmName, GeneratedSet, KxGroupName, Provider, ProviderName,
-};
-use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use proxy::crypto::{generate_cert_set, CertAlgorithmName, GeneratedSet, ProviderName};
+use rustls::pki_types::ServerName;
 use rustls::ClientConfig;
 use sha2::{Digest, Sha256};
 use tokio::net::TcpStream;

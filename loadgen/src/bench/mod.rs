@@ -24,7 +24,6 @@ use bytes::Bytes;
 use clap::{Args, ValueEnum};
 use proxy::config::TlsPolicy;
 use proxy::crypto::{generate_cert_set, CertAlgorithmName, ProviderName};
-use rustls::pki_types::pem::PemObject;
 use serde::Serialize;
 use tokio_rustls::TlsConnector;
 use tokio_util::sync::CancellationToken;
@@ -260,23 +259,18 @@ pub struct BenchResult {
 /// not the proxy's server order: which suite is used is then the server's choice, as it is
 /// with real clients.
 fn bench_client(ca: &std::path::Path, alpn: &[u8]) -> Result<Arc<rustls::ClientConfig>> {
-    let mut provider = rustls::crypto::aws_lc_rs::default_provider();
-    provider.kx_groups = vec![rustls::crypto::aws_lc_rs::kx_group::X25519];
-    let mut roots = rustls::RootCertStore::empty();
-    for cert in rustls::pki_types::CertificateDer::pem_file_iter(ca)
-        .with_context(|| format!("reading {}", ca.display()))?
-    {
-        roots.add(cert?)?;
+    use proxy::tls::client::{CipherOrder, ClientTls};
+    Ok(ClientTls {
+        versions: vec![proxy::config::TlsVersion::Tls13],
+        alpn: if alpn.is_empty() {
+            Vec::new()
+        } else {
+            vec![alpn.to_vec()]
+        },
+        cipher_order: CipherOrder::Shipped,
+        ..ClientTls::trusting(ca)
     }
-    let mut config = rustls::ClientConfig::builder_with_provider(Arc::new(provider))
-        .with_protocol_versions(&[&rustls::version::TLS13])?
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-    config.resumption = rustls::client::Resumption::disabled();
-    if !alpn.is_empty() {
-        config.alpn_protocols = vec![alpn.to_vec()];
-    }
-    Ok(Arc::new(config))
+    .build()?)
 }
 
 fn clients(ca: &std::path::Path) -> Result<Clients> {

@@ -100,19 +100,17 @@ pub async fn send(
 /// A client configuration that trusts the roots in `ca` (PEM), or the platform's when
 /// `ca` is None, or anything at all when `insecure` (recorded by the caller).
 pub fn trust_config(ca: Option<&std::path::Path>, insecure: bool) -> Result<Arc<ClientConfig>> {
-    let provider = proxy::crypto::Provider::new(
-        proxy::crypto::ProviderName::AwsLcRs,
-        &[
+    let provider = proxy::crypto::ProviderName::AwsLcRs;
+    Ok(proxy::tls::client::ClientTls {
+        provider,
+        kx_groups: vec![
             proxy::crypto::KxGroupName::X25519,
             proxy::crypto::KxGroupName::Secp256r1,
         ],
-    )?;
-    crate::client::tls::client_config(&crate::client::tls::TlsOptions {
-        provider,
-        ca: ca.map(|p| p.to_owned()),
-        insecure,
-        versions: vec![],
+        trust: crate::client::tls::trust(provider, ca, insecure)?,
         resumption: true,
         alpn: vec![b"http/1.1".to_vec()],
-    })
+        ..Default::default()
+    }
+    .build()?)
 }

@@ -1,75 +1,38 @@
-//! The workload's TLS client: a rustls `ClientConfig` from the same provider registry the
-//! proxy uses, so the client side of a comparison is held constant and named.
+//! What loadgen's TLS clients trust (`--ca`, the platform's store, `--insecure`); the
+//! configuration itself comes from the project's one client builder,
+//! `proxy::tls::client::ClientTls`, on the same provider registry the proxy uses, so the
+//! client side of a comparison is held constant and named.
 
-use std::path::PathBuf;
+use std::path::Path;
 use std::sync::Arc;
 
-use anyhow::{bail, Context, Result};
-use proxy::crypto::Provider;
+use anyhow::{Context, Result};
+use proxy::crypto::{KxGroupName, Provider, ProviderName};
+use proxy::tls::client::Trust;
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
-use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
-use rustls::{ClientConfig, DigitallySignedStruct, SignatureScheme, SupportedProtocolVersion};
+use rustls::{DigitallySignedStruct, SignatureScheme};
 
-pub struct TlsOptions {
-    pub provider: Provider,
-    /// PEM roots; None means the platform's trust store.
-    pub ca: Option<PathBuf>,
-    /// Skip certificate verification (the result records it).
-    pub insecure: bool,
-    /// Empty means TLS 1.3 and 1.2.
-    pub versions: Vec<&'static SupportedProtocolVersion>,
-    pub resumption: bool,
-    pub alpn: Vec<Vec<u8>>,
-}
-
-pub fn client_config(opts: &TlsOptions) -> Result<Arc<ClientConfig>> {
-    let versions: Vec<&'static SupportedProtocolVersion> = if opts.versions.is_empty() {
-        vec![&rustls::version::TLS13, &rustls::version::TLS12]
-    } else {
-        opts.versions.clone()
+/// What loadgen's clients trust: the roots in `ca` (PEM), else the platform's trust store
+/// (on Linux the system bundle wherever the distribution keeps it, through rustls' platform
+/// verifier), or any certificate at all when `insecure` (recorded by the caller); the
+/// handshake signature is checked in every case, with `provider`'s algorithms.
+pub fn trust(provider: ProviderName, ca: Option<&Path>, insecure: bool) -> Result<Trust> {
+    let crypto = || -> Result<Arc<rustls::crypto::CryptoProvider>> {
+        Ok(Provider::new(provider, &[KxGroupName::X25519])?
+            .crypto()
+            .clone())
     };
-    let builder = ClientConfig::builder_with_provider(opts.provider.crypto().clone())
-        .with_protocol_versions(&versions)
-        .context("TLS versions not supported by the client provider")?;
-    let mut config = if opts.insecure {
-        builder
-            .dangerous()
-            .with_custom_certificate_verifier(Arc::new(NoVerification(
-                opts.provider.crypto().clone(),
-            )))
-            .with_no_client_auth()
-    } else if let Some(path) = &opts.ca {
-        let mut roots = rustls::RootCertStore::empty();
-        let certs = CertificateDer::pem_file_iter(path)
-            .with_context(|| format!("reading CA file {} (--ca)", path.display()))?;
-        for cert in certs {
-            let cert = cert.with_context(|| format!("bad PEM in CA file {}", path.display()))?;
-            roots
-                .add(cert)
-                .with_context(|| format!("unusable CA certificate in {}", path.display()))?;
-        }
-        if roots.is_empty() {
-            bail!(
-                "CA file {} holds no usable certificate (--ca)",
-                path.display()
-            );
-        }
-        builder.with_root_certificates(roots).with_no_client_auth()
+    Ok(if insecure {
+        Trust::Verifier(Arc::new(NoVerification(crypto()?)))
+    } else if let Some(path) = ca {
+        Trust::CaFiles(vec![path.to_owned()])
     } else {
-        // The platform's trust store (on Linux: the system bundle wherever the distribution
-        // keeps it), through rustls' platform verifier with our provider.
-        use rustls_platform_verifier::BuilderVerifierExt;
-        builder
-            .with_platform_verifier()
-            .context("the platform's certificate verifier")?
-            .with_no_client_auth()
-    };
-    config.alpn_protocols = opts.alpn.clone();
-    if !opts.resumption {
-        config.resumption = rustls::client::Resumption::disabled();
-    }
-    Ok(Arc::new(config))
+        Trust::Verifier(Arc::new(
+            rustls_platform_verifier::Verifier::new(crypto()?)
+                .context("the platform's certificate verifier")?,
+        ))
+    })
 }
 
 /// `--insecure`: accepts any certificate but still checks the handshake signatures, so the

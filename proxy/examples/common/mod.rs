@@ -11,9 +11,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Empty, Full};
 use hyper_util::rt::{TokioExecutor, TokioIo};
-use proxy::crypto::{KxGroupName, Provider, ProviderName};
-use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, ServerName};
+use rustls::pki_types::ServerName;
 
 /// A running proxy process; killed on drop.
 pub struct RunningProxy {
@@ -66,18 +64,12 @@ pub async fn start_proxy(
 
 /// TLS 1.3, X25519, no resumption: every connection is a full handshake.
 pub fn client_config(ca: &Path) -> anyhow::Result<Arc<rustls::ClientConfig>> {
-    let provider = Provider::new(ProviderName::AwsLcRs, &[KxGroupName::X25519])?;
-    let mut roots = rustls::RootCertStore::empty();
-    for c in CertificateDer::pem_file_iter(ca)? {
-        roots.add(c?)?;
+    Ok(proxy::tls::client::ClientTls {
+        versions: vec![proxy::config::TlsVersion::Tls13],
+        alpn: vec![b"http/1.1".to_vec()],
+        ..proxy::tls::client::ClientTls::trusting(ca)
     }
-    let mut cfg = rustls::ClientConfig::builder_with_provider(provider.crypto().clone())
-        .with_protocol_versions(&[&rustls::version::TLS13])?
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-    cfg.resumption = rustls::client::Resumption::disabled();
-    cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
-    Ok(Arc::new(cfg))
+    .build()?)
 }
 
 /// An HTTP/1.1 sender on a new TLS connection.

@@ -226,11 +226,7 @@ mod tests {
             &["qdrant.internal".to_owned()],
         )
         .unwrap();
-        for p in [
-            ProviderName::Ring,
-            ProviderName::AwsLcRs,
-            ProviderName::Openssl,
-        ] {
+        for p in ProviderName::SOFTWARE {
             let provider = Provider::new(p, &[]).unwrap();
             for (alg, cert, key) in &set.servers {
                 let loaded = load_certified_key(&provider, cert, key).unwrap();

@@ -262,11 +262,16 @@ fn load_private_key(path: &Path) -> Result<PrivateKeyDer<'static>, CryptoError> 
 
 /// Loads the CA certificates that client certificates must chain to (mTLS).
 pub fn load_client_ca(path: &Path) -> Result<RootCertStore, CryptoError> {
-    let certs = load_cert_chain(path, "client CA")?;
+    load_roots(path, "client CA")
+}
+
+/// Every certificate of a PEM file as a trust anchor (`what` names the file in errors).
+pub fn load_roots(path: &Path, what: &'static str) -> Result<RootCertStore, CryptoError> {
+    let certs = load_cert_chain(path, what)?;
     let mut roots = RootCertStore::empty();
     for cert in certs {
         roots.add(cert).map_err(|e| CryptoError::BadPem {
-            what: "client CA",
+            what,
             path: path.to_owned(),
             reason: e.to_string(),
         })?;

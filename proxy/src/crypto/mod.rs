@@ -12,7 +12,7 @@ mod provider;
 pub mod qat;
 
 pub use certgen::{generate_cert_set, CertAlgorithmName, GeneratedSet};
-pub use keys::{load_certified_key, load_client_ca, CertAlgorithm, LoadedCert};
+pub use keys::{load_certified_key, load_client_ca, load_roots, CertAlgorithm, LoadedCert};
 pub use provider::{KxGroupName, Provider, ProviderName};
 
 use std::path::PathBuf;
@@ -119,6 +119,6 @@ pub enum CryptoError {
     Rustls(#[from] rustls::Error),
     /// The QAT provider is not active, or failed the listener's signing proof (named as the
     /// provider's failure, never as a key/certificate mismatch).
-    #[error("{0}")]
-    Qat(String),
+    #[error("openssl-qat: {0}")]
+    Qat(#[from] crate::crypto::qat::QatError),
 }

@@ -280,11 +280,7 @@ mod tests {
 
     #[test]
     fn kx_groups_are_pinned_for_every_software_provider() {
-        for p in [
-            ProviderName::Ring,
-            ProviderName::AwsLcRs,
-            ProviderName::Openssl,
-        ] {
+        for p in ProviderName::SOFTWARE {
             let prov = Provider::new(p, &[KxGroupName::X25519]).unwrap();
             let names: Vec<_> = prov.crypto().kx_groups.iter().map(|g| g.name()).collect();
             assert_eq!(names, vec![NamedGroup::X25519], "{p}");

@@ -455,7 +455,7 @@ impl HttpForwarder {
                 return fail(Failure::UpstreamUnavailable, "the upstream is unavailable");
             };
             if let Some(log) = log.as_deref_mut() {
-                log.set_upstream(lease.addr());
+                log.set_upstream(&lease.addr().authority);
             }
             let bytes_in = log.as_deref().map(PendingRecord::bytes_in);
             let uri = match Uri::builder()

@@ -2,6 +2,7 @@
 //! handshakes, either inline on the reactor, with the signing step on a dedicated pool, or
 //! (openssl-qat) waiting for the asynchronous QAT signer on a blocking thread.
 
+pub mod client;
 pub mod measure;
 
 use std::io;
@@ -16,8 +17,8 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio_rustls::server::TlsStream;
 use tokio_rustls::LazyConfigAcceptor;
 
-use crate::config::{Config, HandshakeOffload, ListenerConfig, TlsPolicy, TlsVersion};
-use crate::crypto::qat::{Fallback, QatState};
+use crate::config::{HandshakeOffload, TlsPolicy, TlsVersion};
+use crate::crypto::qat::{Fallback, QatError, QatState};
 use crate::crypto::{
     load_certified_key, load_client_ca, CryptoError, LoadedCert, Provider, ProviderName,
 };
@@ -42,12 +43,10 @@ pub struct ResolvedTls {
     pub fell_back: Option<String>,
 }
 
-/// What a listener's provider choice becomes, in one place for start-up, `check-config`
-/// and the run-time switch: `requested` as configured (the listener's provider or the
-/// top-level one); `qat` the activated QAT provider, if any; `fallback` whether a QAT
-/// provider that is missing or fails its signing proof may be replaced by software OpenSSL
-/// (the run-time switch passes `Fallback::None`: a switch that quietly lands on software
-/// would be a lie).
+/// What a listener's provider choice becomes, in one place for start-up, `check-config`,
+/// reloads and the run-time switch: `requested` as planned; `qat` the activated QAT
+/// provider, if any; `fallback` whether a QAT provider that is missing or does not offload
+/// may be replaced by software OpenSSL (`plan::TlsPlan::fallback`).
 pub fn resolve_listener_tls(
     requested: ProviderName,
     cert: &Path,
@@ -76,9 +75,10 @@ pub fn resolve_listener_tls(
                 ProviderName::Openssl,
                 Some("the QAT provider is not active".to_owned()),
             ),
-            Fallback::None => Err(CryptoError::Qat(
-                "openssl-qat: the QAT provider is not active in this process".to_owned(),
-            )),
+            Fallback::None => Err(QatError::Unavailable(
+                "the QAT provider is not active in this process".to_owned(),
+            )
+            .into()),
         };
     };
     // The proof first: a provider that fails or does not offload is named as such, before
@@ -89,29 +89,13 @@ pub fn resolve_listener_tls(
             qat_proof: Some(proof.to_string()),
             ..build(requested, None)?
         }),
+        // A key that cannot be read is the key's problem: software would not read it either.
+        Err(e @ QatError::Key(_)) => Err(e.into()),
         Err(e) if fallback == Fallback::Software => {
             build(ProviderName::Openssl, Some(e.to_string()))
         }
-        Err(e) => Err(CryptoError::Qat(format!("openssl-qat: {e}"))),
+        Err(e) => Err(e.into()),
     }
-}
-
-/// [`resolve_listener_tls`] for a listener as configured: its provider (or the top-level
-/// one), its mode's ALPN default, and `qat.fallback`.
-pub fn resolve_configured(
-    config: &Config,
-    listener: &ListenerConfig,
-    qat: Option<&QatState>,
-) -> Result<ResolvedTls, CryptoError> {
-    resolve_listener_tls(
-        config.listener_provider(listener),
-        &listener.cert,
-        &listener.key,
-        &listener.tls,
-        listener.mode.default_alpn(),
-        qat,
-        config.qat.fallback,
-    )
 }
 
 /// A listener's provider, checked certificate and rustls configuration (see
@@ -372,9 +356,7 @@ pub fn describe<IO>(stream: &TlsStream<IO>) -> (&'static str, bool, bool) {
 mod tests {
     use super::*;
     use crate::crypto::{generate_cert_set, CertAlgorithmName, KxGroupName};
-    use rustls::pki_types::pem::PemObject;
-    use rustls::pki_types::CertificateDer;
-    use rustls::{CipherSuite, ClientConfig, RootCertStore};
+    use rustls::CipherSuite;
 
     /// A client that lists AES-256-GCM first (as rustls and Go clients do) still gets the
     /// server's first choice, AES-128-GCM, from every software provider.
@@ -383,28 +365,20 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("tls-order-{}", std::process::id()));
         let set = generate_cert_set(&dir, &[CertAlgorithmName::EcdsaP256], &[]).unwrap();
         let (_, cert, key) = &set.servers[0];
-        let mut roots = RootCertStore::empty();
-        for c in CertificateDer::pem_file_iter(&set.ca_cert).unwrap() {
-            roots.add(c.unwrap()).unwrap();
+        let client = client::ClientTls {
+            versions: vec![TlsVersion::Tls13],
+            cipher_order: client::CipherOrder::Shipped,
+            ..client::ClientTls::trusting(&set.ca_cert)
         }
-        let mut client_provider = rustls::crypto::aws_lc_rs::default_provider();
-        client_provider.cipher_suites = vec![
-            rustls::crypto::aws_lc_rs::cipher_suite::TLS13_AES_256_GCM_SHA384,
-            rustls::crypto::aws_lc_rs::cipher_suite::TLS13_AES_128_GCM_SHA256,
-        ];
-        let client = Arc::new(
-            ClientConfig::builder_with_provider(Arc::new(client_provider))
-                .with_protocol_versions(&[&TLS13])
-                .unwrap()
-                .with_root_certificates(roots)
-                .with_no_client_auth(),
+        .build()
+        .unwrap();
+        assert_eq!(
+            client.crypto_provider().cipher_suites[0].suite(),
+            CipherSuite::TLS13_AES_256_GCM_SHA384,
+            "the client offers AES-256-GCM first"
         );
         let mut wire = (Vec::new(), Vec::new());
-        for provider in [
-            ProviderName::Ring,
-            ProviderName::AwsLcRs,
-            ProviderName::Openssl,
-        ] {
+        for provider in ProviderName::SOFTWARE {
             let policy = TlsPolicy {
                 kx_groups: vec![KxGroupName::X25519],
                 ..TlsPolicy::default()

@@ -235,11 +235,26 @@ impl QatConfig {
     }
 }
 
-/// Why the provider could not be used. Every message says which module and name were
-/// looked for.
-#[derive(Debug, thiserror::Error)]
-#[error("{0}")]
-pub struct QatError(pub String);
+/// Why the provider could not be used, by what failed: callers decide on it (a key that
+/// cannot be read is never "fixed" by the software fallback). Every message says which
+/// module, name or key file was involved.
+#[derive(Clone, Debug, thiserror::Error)]
+pub enum QatError {
+    /// `[qat]` cannot be used as written.
+    #[error("{0}")]
+    Config(String),
+    /// The provider could not be loaded or set up (module missing, OpenSSL refused it,
+    /// the signer thread would not start).
+    #[error("{0}")]
+    Unavailable(String),
+    /// The key the start-up proof signs with cannot be read, or is not RSA or ECDSA.
+    #[error("{0}")]
+    Key(String),
+    /// The provider is loaded but does not offload: a signature failed inside it, came
+    /// from another provider, ran without pausing its job, or does not verify.
+    #[error("{0}")]
+    NotOffloading(String),
+}
 
 /// Where the provider's settings came from.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -276,7 +291,7 @@ pub struct QatState {
     signer: AsyncSigner,
 }
 
-static STATE: OnceLock<Result<Arc<QatState>, String>> = OnceLock::new();
+static STATE: OnceLock<Result<Arc<QatState>, QatError>> = OnceLock::new();
 
 /// The activated provider, if [`activate`] succeeded.
 pub fn active() -> Option<Arc<QatState>> {
@@ -287,14 +302,13 @@ pub fn active() -> Option<Arc<QatState>> {
 /// process-wide); later calls return the first outcome.
 pub fn activate(cfg: &QatConfig) -> Result<Arc<QatState>, QatError> {
     STATE
-        .get_or_init(|| activate_once(cfg).map(Arc::new).map_err(|e| e.0))
+        .get_or_init(|| activate_once(cfg).map(Arc::new))
         .clone()
-        .map_err(QatError)
 }
 
 fn activate_once(cfg: &QatConfig) -> Result<QatState, QatError> {
     if let Some(problem) = cfg.problems().into_iter().next() {
-        return Err(QatError(problem));
+        return Err(QatError::Config(problem));
     }
     openssl::init();
     let name = cfg.provider_name.as_str();
@@ -304,7 +318,7 @@ fn activate_once(cfg: &QatConfig) -> Result<QatState, QatError> {
         Some(p) if p.is_file() => {
             let stem = p.file_stem().and_then(|s| s.to_str()).unwrap_or_default();
             if stem != name {
-                return Err(QatError(format!(
+                return Err(QatError::Config(format!(
                     "qat.module_path {} is a module named {stem:?}, but qat.provider_name is {name:?}; \
                      set provider_name to {stem:?} or point module_path at the directory holding {name}.so",
                     p.display()
@@ -313,7 +327,7 @@ fn activate_once(cfg: &QatConfig) -> Result<QatState, QatError> {
             (p.parent().map(Path::to_path_buf), Some(p.clone()))
         }
         Some(p) => {
-            return Err(QatError(format!(
+            return Err(QatError::Config(format!(
             "qat.module_path {}: no such file or directory (looking for OpenSSL provider {name:?})",
             p.display()
         )))
@@ -322,7 +336,7 @@ fn activate_once(cfg: &QatConfig) -> Result<QatState, QatError> {
     let where_ = describe_search(search_path.as_deref());
     if let Some(dir) = &search_path {
         ffi::set_default_search_path(dir).map_err(|e| {
-            QatError(format!(
+            QatError::Unavailable(format!(
                 "cannot set the OpenSSL module search path to {}: {e}",
                 dir.display()
             ))
@@ -335,7 +349,7 @@ fn activate_once(cfg: &QatConfig) -> Result<QatState, QatError> {
         )
     } else {
         load_with_settings(cfg, module_file.as_deref()).map_err(|e| {
-            QatError(format!(
+            QatError::Unavailable(format!(
                 "cannot load OpenSSL provider {name:?} ({where_}): {e}. Is QAT_Engine built with \
                  --enable-qat_provider and installed there? See deploy/QAT.md"
             ))
@@ -344,7 +358,7 @@ fn activate_once(cfg: &QatConfig) -> Result<QatState, QatError> {
     };
     // A second reference to the already-active provider keeps it loaded for the process.
     ffi::load_provider(name).map_err(|e| {
-        QatError(format!(
+        QatError::Unavailable(format!(
             "cannot load OpenSSL provider {name:?} ({where_}): {e}"
         ))
     })?;
@@ -355,13 +369,13 @@ fn activate_once(cfg: &QatConfig) -> Result<QatState, QatError> {
     // there crashes in QAT_Engine v1.8.1). The signer's explicit query overrides this
     // preference for signatures only.
     ffi::set_default_properties(ROUTE_EVERYTHING_ELSE).map_err(|e| {
-        QatError(format!(
+        QatError::Unavailable(format!(
             "cannot set OpenSSL's default property query {ROUTE_EVERYTHING_ELSE:?}: {e}"
         ))
     })?;
     let query = cfg.effective_property_query();
-    let signer =
-        AsyncSigner::start(&query, cfg.max_signatures_in_flight, cfg.batch).map_err(QatError)?;
+    let signer = AsyncSigner::start(&query, cfg.max_signatures_in_flight, cfg.batch)
+        .map_err(QatError::Unavailable)?;
     Ok(QatState {
         name: name.to_owned(),
         property_query: query,
@@ -427,13 +441,13 @@ impl QatState {
     /// offloading signs inline), and the signatures verify.
     pub fn prove_signing(&self, key_path: &Path) -> Result<SigningProof, QatError> {
         let pem = std::fs::read(key_path).map_err(|e| {
-            QatError(format!(
+            QatError::Key(format!(
                 "cannot read private key {}: {e}",
                 key_path.display()
             ))
         })?;
         let key = openssl::pkey::PKey::private_key_from_pem(&pem).map_err(|e| {
-            QatError(format!(
+            QatError::Key(format!(
                 "private key {} cannot be read by OpenSSL: {e}",
                 key_path.display()
             ))
@@ -460,7 +474,7 @@ impl QatState {
                 vec![(c"SHA512", Padding::None, "ECDSA P-521 SHA-512".to_owned())]
             }
             other => {
-                return Err(QatError(format!(
+                return Err(QatError::Key(format!(
                     "private key {} is {other:?}: QAT offloads RSA and ECDSA signatures only",
                     key_path.display()
                 )))
@@ -471,7 +485,7 @@ impl QatState {
         for (digest, padding, operation) in probes {
             proof = Some(self.prove_one(&key, key_path, digest, padding, operation)?);
         }
-        proof.ok_or_else(|| QatError("start-up proof: no probe to sign".to_owned()))
+        proof.ok_or_else(|| QatError::NotOffloading("start-up proof: no probe to sign".to_owned()))
     }
 
     /// One probe batch of the proof (see [`prove_signing`](Self::prove_signing)).
@@ -489,7 +503,7 @@ impl QatState {
         let mut all_paused = true;
         for result in self.signer.sign_batch(key, digest, padding, PROBE) {
             let one = result.map_err(|e| {
-                QatError(format!(
+                QatError::NotOffloading(format!(
                     "start-up proof failed: a {operation} signature with {} failed inside the provider, \
                      not because of the key or certificate: {e}",
                     key_path.display()
@@ -499,13 +513,13 @@ impl QatState {
             signed = Some(one);
         }
         let Some(signed) = signed else {
-            return Err(QatError(
+            return Err(QatError::NotOffloading(
                 "start-up proof: the signer returned no signature".to_owned(),
             ));
         };
         let signature_provider = signed.provider.name();
         if signature_provider != self.name {
-            return Err(QatError(format!(
+            return Err(QatError::NotOffloading(format!(
                 "start-up proof failed: a {operation} signature with {} was fetched from OpenSSL provider {:?}, \
                  not {:?} (property query {:?}); the provider does not implement it, so nothing would be offloaded",
                 key_path.display(),
@@ -515,7 +529,7 @@ impl QatState {
             )));
         }
         if !all_paused {
-            return Err(QatError(format!(
+            return Err(QatError::NotOffloading(format!(
                 "start-up proof failed: provider {:?} produced the {operation} signature with {} without pausing \
                  its asynchronous job, so it is loaded but not offloading (qat_sw switched off for this CPU, \
                  or no QAT device or instance available); every signature would run in software",
@@ -524,12 +538,12 @@ impl QatState {
             )));
         }
         let verifies = verify(key, digest, padding, PROBE, &signed.signature).map_err(|e| {
-            QatError(format!(
+            QatError::NotOffloading(format!(
                 "start-up proof: cannot verify the probe signature: {e}"
             ))
         })?;
         if !verifies {
-            return Err(QatError(format!(
+            return Err(QatError::NotOffloading(format!(
                 "start-up proof failed: provider {:?} returned a {operation} signature with {} that does not verify",
                 self.name,
                 key_path.display()

@@ -1,0 +1,377 @@
+//! A bound listener: its socket and the options accepted connections inherit, its accept
+//! loop, and each connection from accept through the handshake to HTTP or TCP forwarding
+//! and close. What a listener is (its plan, its TLS, its nodes) is made by `server.rs`;
+//! what happens to a request is `http/`'s and `tcp.rs`'s.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use prometheus::IntGauge;
+use tokio::net::{TcpListener, TcpSocket, TcpStream};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::config::{HealthCheckConfig, HealthCheckKind, Limits};
+use crate::http::HttpForwarder;
+use crate::io::{Activity, CountingIo, Quiet, QuietLimits};
+use crate::metrics::ListenerMetrics;
+use crate::switch::SwitchableListener;
+use crate::tls::{self, Offload};
+use crate::upstream::UpstreamPool;
+
+/// Pending connections the kernel queues per listener. A new-connection-per-request
+/// benchmark opens connections in bursts; a short queue turns bursts into SYN retries
+/// (a one-second stall) instead of waiting connections.
+const LISTEN_BACKLOG: u32 = 4096;
+/// TCP keep-alive probes: one every 10 s after `limits.tcp_keepalive` of silence, and the
+/// connection is dropped after 3 unanswered ones.
+const TCP_KEEPALIVE_PROBE_INTERVAL: std::time::Duration = std::time::Duration::from_secs(10);
+const TCP_KEEPALIVE_PROBES: u32 = 3;
+
+/// What the connection task needs to know about its listener.
+pub(crate) struct ListenerCtx {
+    /// The listener's name.
+    pub name: String,
+    /// What it handshakes with (switchable).
+    pub tls: Arc<SwitchableListener>,
+    /// Where handshakes sign.
+    pub offload: Offload,
+    /// Limits and timeouts.
+    pub limits: Limits,
+    /// Its metrics (the default certificate's labels).
+    pub metrics: ListenerMetrics,
+    /// http or tcp forwarding.
+    pub mode: Mode,
+    /// Its upstream nodes.
+    pub upstreams: Arc<UpstreamPool>,
+    /// The active checks of `upstreams` (resolved: never `Auto`) and their settings.
+    pub health_check: (HealthCheckKind, HealthCheckConfig),
+}
+
+/// What a listener does with a decrypted stream.
+pub(crate) enum Mode {
+    /// Serve HTTP and forward each request.
+    Http(Arc<HttpForwarder>),
+    /// Splice bytes to a node.
+    Tcp,
+}
+
+/// A listening socket with the options every accepted connection inherits.
+pub(crate) fn bind(addr: SocketAddr, limits: &Limits) -> std::io::Result<TcpListener> {
+    let socket = if addr.is_ipv4() {
+        TcpSocket::new_v4()?
+    } else {
+        TcpSocket::new_v6()?
+    };
+    // Lets a restarted proxy bind while old connections sit in TIME_WAIT.
+    socket.set_reuseaddr(true)?;
+    set_connection_options(&socket, limits)?;
+    socket.bind(addr)?;
+    socket.listen(LISTEN_BACKLOG)
+}
+
+/// TCP_NODELAY, so small responses (gRPC acks, JSON results) do not wait for Nagle, and
+/// SO_KEEPALIVE, so the kernel finds a peer that vanished (power loss, a NAT that forgot
+/// the connection) even between requests, when no deadline of ours runs. Set on the
+/// listening socket, Linux copies both to every accepted connection for free.
+fn set_connection_options(socket: &impl std::os::fd::AsFd, limits: &Limits) -> std::io::Result<()> {
+    let socket = socket2::SockRef::from(socket);
+    socket.set_tcp_nodelay(true)?;
+    let keepalive = socket2::TcpKeepalive::new()
+        .with_time(limits.tcp_keepalive)
+        .with_interval(TCP_KEEPALIVE_PROBE_INTERVAL)
+        .with_retries(TCP_KEEPALIVE_PROBES);
+    socket.set_tcp_keepalive(&keepalive)
+}
+
+/// Accepts until `shutdown`, one task per connection, within the process-wide `limit`.
+pub(crate) async fn accept_loop(
+    listener: TcpListener,
+    ctx: Arc<ListenerCtx>,
+    limit: Arc<Semaphore>,
+    tracker: TaskTracker,
+    shutdown: CancellationToken,
+) {
+    loop {
+        // Take a slot before accepting: at the limit, new connections wait in the kernel's
+        // queue instead of being accepted and starved.
+        let permit = tokio::select! {
+            p = limit.clone().acquire_owned() => match p {
+                Ok(p) => p,
+                Err(_) => return,
+            },
+            _ = shutdown.cancelled() => return,
+        };
+        let (stream, peer) = tokio::select! {
+            r = listener.accept() => match r {
+                Ok(s) => s,
+                Err(e) => {
+                    // EMFILE and friends: back off briefly rather than spin.
+                    tracing::warn!(listener = %ctx.name, error = %e, "accept failed");
+                    tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+                    continue;
+                }
+            },
+            _ = shutdown.cancelled() => return,
+        };
+        tracker.spawn(handle_connection(
+            ctx.clone(),
+            stream,
+            peer,
+            permit,
+            shutdown.clone(),
+        ));
+    }
+}
+
+/// Decrements the active-connections gauge however the connection task ends.
+struct ActiveGuard(IntGauge);
+
+impl Drop for ActiveGuard {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
+}
+
+async fn handle_connection(
+    ctx: Arc<ListenerCtx>,
+    stream: TcpStream,
+    peer: SocketAddr,
+    _permit: OwnedSemaphorePermit,
+    shutdown: CancellationToken,
+) {
+    let m = &ctx.metrics;
+    m.accepted.inc();
+    m.active.inc();
+    let _active = ActiveGuard(m.active.clone());
+    // Linux hands the listener's TCP_NODELAY and keep-alive settings to every accepted
+    // socket (see `bind`); elsewhere they are set here, five system calls per connection.
+    #[cfg(not(target_os = "linux"))]
+    let _ = set_connection_options(&stream, &ctx.limits);
+    let activity = Activity::new(
+        matches!(ctx.mode, Mode::Tcp),
+        ctx.limits.h2_max_reset_streams,
+    );
+    let io = CountingIo::new(stream, m.received.clone(), m.sent.clone(), activity.clone());
+    let started = Instant::now();
+
+    // Read once: a switch while this handshake runs does not affect it.
+    let current = ctx.tls.current();
+    // Until the ClientHello names a server, failures count against the default certificate.
+    let m = &current.metrics;
+    // The handshake's and the forwarding's state machines are boxed, so the task itself
+    // (allocated for every connection at accept) holds only what an idle connection needs:
+    // inline, they made it 11 KiB, most of an idle connection's memory.
+    let handshake = tokio::time::timeout(
+        ctx.limits.handshake_timeout,
+        Box::pin(tls::accept(
+            io,
+            |server_name| current.config_for(server_name),
+            &ctx.offload,
+            current.waits_for_signer(),
+        )),
+    )
+    .await;
+    let tls_stream = match handshake {
+        Ok(Ok(s)) => s,
+        Ok(Err(e)) => {
+            m.handshake_failed("error");
+            m.connection_error("handshake");
+            crate::peer_warn!(listener = %ctx.name, %peer, error = %e, "TLS handshake failed");
+            return;
+        }
+        Err(_) => {
+            m.handshake_failed("timeout");
+            m.connection_error("handshake_timeout");
+            crate::peer_warn!(
+                listener = %ctx.name,
+                %peer,
+                timeout = ?ctx.limits.handshake_timeout,
+                "TLS handshake timed out"
+            );
+            return;
+        }
+    };
+    let (version, resumed, h2) = tls::describe(&tls_stream);
+    let m = current.metrics_for(tls_stream.get_ref().1.server_name());
+    m.handshake_ok(version, resumed, started.elapsed());
+
+    match &ctx.mode {
+        Mode::Http(forwarder) => {
+            let mut tls_stream = tls_stream;
+            if !h2 {
+                match first_request_bytes(
+                    &mut tls_stream,
+                    &activity,
+                    forwarder.quiet_limits(),
+                    &shutdown,
+                )
+                .await
+                {
+                    FirstBytes::Arrived => {}
+                    FirstBytes::Quiet(why) => {
+                        m.connection_closed(why.label());
+                        return;
+                    }
+                    FirstBytes::Draining => return,
+                }
+            }
+            if let Err(e) = Box::pin(forwarder.serve(
+                tls_stream,
+                h2,
+                peer,
+                crate::http::TlsFacts {
+                    version,
+                    resumed,
+                    provider: current.provider.as_str(),
+                },
+                activity,
+                shutdown,
+            ))
+            .await
+            {
+                if !is_benign_close(&e) {
+                    m.connection_error("http");
+                    crate::peer_warn!(listener = %ctx.name, %peer, error = %e, "connection error");
+                }
+            }
+        }
+        Mode::Tcp => {
+            // The server has nothing to say first in tcp mode: see `acknowledge_finished`.
+            acknowledge_finished(tls_stream.get_ref().0.get_ref());
+            match Box::pin(crate::tcp::splice(
+                tls_stream,
+                &ctx.upstreams,
+                ctx.limits.upstream_connect_timeout,
+                activity,
+                ctx.limits.idle_timeout,
+            ))
+            .await
+            {
+                Ok(_) => {}
+                Err(e @ crate::tcp::SpliceError::Connect { .. }) => {
+                    m.upstream_error("connect");
+                    m.connection_error("upstream_connect");
+                    crate::peer_warn!(listener = %ctx.name, %peer, error = %e, "connection error");
+                }
+                Err(crate::tcp::SpliceError::Copy(e)) => {
+                    if !matches!(
+                        e.kind(),
+                        std::io::ErrorKind::ConnectionReset
+                            | std::io::ErrorKind::BrokenPipe
+                            | std::io::ErrorKind::UnexpectedEof
+                    ) {
+                        m.connection_error("io");
+                        crate::peer_warn!(listener = %ctx.name, %peer, error = %e, "connection error");
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// How the wait for an HTTP/1.1 client's first bytes ended.
+enum FirstBytes {
+    Arrived,
+    Quiet(Quiet),
+    Draining,
+}
+
+/// Waits until an HTTP/1.1 client has sent something after the handshake, at most the
+/// first-request timeout. Until then the connection holds no HTTP state: hyper allocates
+/// its 8 KiB read buffer as soon as it is polled, which was a third of an idle
+/// connection's memory (nginx too allocates its buffer only when data arrives).
+async fn first_request_bytes(
+    stream: &mut tokio_rustls::server::TlsStream<CountingIo<TcpStream>>,
+    activity: &Activity,
+    limits: &QuietLimits,
+    shutdown: &CancellationToken,
+) -> FirstBytes {
+    let (io, conn) = stream.get_mut();
+    // The request may have come with the client's Finished and already sit in rustls.
+    match conn.process_new_packets() {
+        Ok(state) if state.plaintext_bytes_to_read() == 0 && !state.peer_has_closed() => {}
+        // Data, a close or an error: hyper's first read sees it.
+        _ => return FirstBytes::Arrived,
+    }
+    let tcp = io.get_ref();
+    // Usually the request is already in the socket: one peek says so without the round trip
+    // through the reactor that waiting for readiness would cost.
+    let mut probe = [std::mem::MaybeUninit::<u8>::uninit(); 1];
+    match socket2::SockRef::from(tcp).peek(&mut probe) {
+        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+        // Data, end of stream or an error: hyper's first read sees it.
+        _ => return FirstBytes::Arrived,
+    }
+    // Nothing yet: the client may be waiting for the ACK of its Finished.
+    acknowledge_finished(tcp);
+    tokio::select! {
+        _ = tcp.readable() => FirstBytes::Arrived,
+        why = activity.wait_quiet(limits) => FirstBytes::Quiet(why),
+        _ = shutdown.cancelled() => FirstBytes::Draining,
+    }
+}
+
+/// Sends the ACK of the client's Finished now. A client that keeps Nagle on holds its first
+/// request until that ACK arrives; HTTP/2 answers the handshake with SETTINGS, which carries
+/// it, but HTTP/1.1 and tcp mode have nothing to send (and no session tickets when
+/// resumption is off), so the kernel would hold it for its delayed-ACK timer: the first
+/// response came 41 ms after the handshake. Done only when the request is not already
+/// there, so most clients never see the extra packet; `loadgen bench` showed no difference
+/// in CPU per connection with it (waiting a millisecond first instead left Nagle clients at
+/// 2.3 ms).
+fn acknowledge_finished(tcp: &TcpStream) {
+    let _ = socket2::SockRef::from(tcp).set_tcp_quickack(true);
+}
+
+/// A client that goes away between requests is normal, not an error worth a log line.
+fn is_benign_close(e: &hyper::Error) -> bool {
+    if e.is_incomplete_message() || e.is_canceled() {
+        return false;
+    }
+    let mut source = std::error::Error::source(e);
+    while let Some(s) = source {
+        if let Some(io) = s.downcast_ref::<std::io::Error>() {
+            return matches!(
+                io.kind(),
+                std::io::ErrorKind::ConnectionReset
+                    | std::io::ErrorKind::BrokenPipe
+                    | std::io::ErrorKind::UnexpectedEof
+            );
+        }
+        source = s.source();
+    }
+    false
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Accepted connections get TCP_NODELAY and the keep-alive settings from the
+    /// listening socket (on Linux by inheritance, elsewhere per connection).
+    #[tokio::test]
+    async fn accepted_sockets_have_nodelay_and_keepalive() {
+        let limits = Limits {
+            tcp_keepalive: std::time::Duration::from_secs(45),
+            ..Limits::default()
+        };
+        let listener = bind("127.0.0.1:0".parse().unwrap(), &limits).unwrap();
+        let addr = listener.local_addr().unwrap();
+        let _client = TcpStream::connect(addr).await.unwrap();
+        let (accepted, _) = listener.accept().await.unwrap();
+        #[cfg(not(target_os = "linux"))]
+        set_connection_options(&accepted, &limits).unwrap();
+        let s = socket2::SockRef::from(&accepted);
+        assert!(s.tcp_nodelay().unwrap());
+        assert!(s.keepalive().unwrap());
+        assert_eq!(s.tcp_keepalive_time().unwrap(), limits.tcp_keepalive);
+        assert_eq!(
+            s.tcp_keepalive_interval().unwrap(),
+            TCP_KEEPALIVE_PROBE_INTERVAL
+        );
+        assert_eq!(s.tcp_keepalive_retries().unwrap(), TCP_KEEPALIVE_PROBES);
+    }
+}

@@ -1,0 +1,596 @@
+//! The plan: what the process and each of its listeners will be, decided once from the
+//! configuration (the file merged with the flags) and then used by everything that acts on
+//! it: `run` binds from it, `check-config` loads its key material, and SIGHUP, the
+//! certificate watch and `POST /admin/tls` rebuild a listener's TLS from the [`TlsPlan`]
+//! in effect.
+//!
+//! Building the plan checks everything that can be checked without binding sockets or
+//! loading keys, reports every problem at once, and parses every address and URL exactly
+//! once: the provider a listener asks for, its nodes, its health check and whether the
+//! process needs the QAT provider are decided here and nowhere else. It opens no sockets
+//! and reads no key material.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use crate::access_log::AccessLogConfig;
+use crate::config::{
+    server_name_problem, Balance, Config, ConfigError, HandshakeOffload, HealthCheckConfig,
+    HealthCheckKind, Limits, ListenerMode, TlsPolicy, UpstreamProtocol, MAX_UPSTREAM_NODES,
+};
+use crate::crypto::qat::{Fallback, QatConfig};
+use crate::crypto::ProviderName;
+use crate::trust::TrustedProxies;
+use crate::upstream::UpstreamAddr;
+
+/// The whole process, checked and parsed.
+#[derive(Clone, Debug)]
+pub struct Plan {
+    /// Client-facing listeners, in configuration order.
+    pub listeners: Vec<ListenerPlan>,
+    /// The admin listener.
+    pub admin: AdminPlan,
+    /// Limits and timeouts shared by every listener.
+    pub limits: Limits,
+    /// Where software providers' handshakes sign (openssl-qat: see `tls::accept`).
+    pub offload: HandshakeOffload,
+    /// Threads of the handshake pool (0: one per CPU).
+    pub pool_threads: usize,
+    /// `[qat]`, when some listener asks for openssl-qat (else the provider is not loaded).
+    pub qat: Option<QatConfig>,
+    /// Peers whose X-Forwarded-For is extended rather than replaced.
+    pub trusted: TrustedProxies,
+    /// The access log.
+    pub access_log: AccessLogConfig,
+    /// How often certificate and key files are checked for replacement (zero: never).
+    pub cert_watch_interval: Duration,
+}
+
+/// The admin listener, checked.
+#[derive(Clone, Debug)]
+pub struct AdminPlan {
+    /// Where it listens.
+    pub listen: SocketAddr,
+    /// The bearer token's file (`POST /admin/tls` is off without it).
+    pub token_file: Option<PathBuf>,
+    /// Certificate chain and key when the admin port serves TLS.
+    pub tls: Option<(PathBuf, PathBuf)>,
+    /// Open admin connections at most.
+    pub max_connections: usize,
+    /// Time to receive a request head.
+    pub header_read_timeout: Duration,
+}
+
+/// One client-facing listener, checked.
+#[derive(Clone, Debug)]
+pub struct ListenerPlan {
+    /// Its position in the configuration (for messages that name `listener[i]`).
+    pub index: usize,
+    /// Its name in logs and metric labels.
+    pub name: String,
+    /// Where it listens.
+    pub listen: SocketAddr,
+    /// `http` or `tcp`.
+    pub mode: ListenerMode,
+    /// Upstream nodes, parsed, no duplicates, at least one.
+    pub nodes: Vec<UpstreamAddr>,
+    /// How a request (a connection in tcp mode) picks its node.
+    pub balance: Balance,
+    /// The probe in effect (never `Auto`) and the health-check settings.
+    pub health_check: (HealthCheckKind, HealthCheckConfig),
+    /// The upstream protocol in http mode.
+    pub upstream_protocol: UpstreamProtocol,
+    /// Whether HSTS and nosniff are added to responses.
+    pub security_headers: bool,
+    /// What it handshakes with.
+    pub tls: TlsPlan,
+}
+
+impl ListenerPlan {
+    /// `http` or `tcp`, as metric labels say it.
+    pub fn mode_label(&self) -> &'static str {
+        match self.mode {
+            ListenerMode::Http => "http",
+            ListenerMode::Tcp => "tcp",
+        }
+    }
+}
+
+/// What a listener's TLS is built from: rebuilt from this on every reload and switch.
+#[derive(Clone, Debug)]
+pub struct TlsPlan {
+    /// The provider asked for (the listener's, else the top-level one). What is in effect
+    /// may be software OpenSSL when openssl-qat falls back: see `fallback`.
+    pub provider: ProviderName,
+    /// The default certificate chain: for clients that name no SNI certificate's server.
+    pub cert: PathBuf,
+    /// Its private key.
+    pub key: PathBuf,
+    /// Certificates chosen by server name; they follow the default's provider.
+    pub sni: Vec<SniPlan>,
+    /// Versions, groups, resumption, ALPN, client CA.
+    pub policy: TlsPolicy,
+    /// ALPN protocols when the policy lists none (the mode's default).
+    pub default_alpn: &'static [&'static [u8]],
+    /// Whether an openssl-qat provider that is missing or fails its proof may be replaced
+    /// by software OpenSSL. Start-up follows `qat.fallback`; a run-time switch or reload
+    /// never falls back (a switch that quietly lands on software would be a lie).
+    pub fallback: Fallback,
+}
+
+impl TlsPlan {
+    /// The same listener with another provider and default certificate, as `POST
+    /// /admin/tls` asks: SNI certificates keep their files, nothing falls back.
+    pub fn switched(&self, provider: ProviderName, cert: PathBuf, key: PathBuf) -> Self {
+        Self {
+            provider,
+            cert,
+            key,
+            fallback: Fallback::None,
+            ..self.clone()
+        }
+    }
+
+    /// Every private key file it reads, default first.
+    pub fn keys(&self) -> impl Iterator<Item = &std::path::Path> {
+        std::iter::once(self.key.as_path()).chain(self.sni.iter().map(|s| s.key.as_path()))
+    }
+
+    /// Every certificate and key file it reads, default first.
+    pub fn files(&self) -> impl Iterator<Item = &std::path::Path> {
+        [self.cert.as_path(), self.key.as_path()].into_iter().chain(
+            self.sni
+                .iter()
+                .flat_map(|s| [s.cert.as_path(), s.key.as_path()]),
+        )
+    }
+}
+
+/// A certificate served to clients that ask for one of its names.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SniPlan {
+    /// The names, lowercase (`*.example.com` wildcards included).
+    pub names: Vec<String>,
+    /// Certificate chain.
+    pub cert: PathBuf,
+    /// Private key.
+    pub key: PathBuf,
+}
+
+impl Plan {
+    /// Checks `config` as a whole and turns it into a plan; every problem is reported,
+    /// each naming its field.
+    pub fn new(config: &Config) -> Result<Self, ConfigError> {
+        let mut problems = Vec::new();
+        if config.listeners.is_empty() {
+            problems.push(
+                "no listener configured: give --listen, --upstream, --cert and --key, or a [[listener]] table in the config file".to_owned(),
+            );
+        }
+        let admin = admin_plan(config, &mut problems);
+        let trusted = TrustedProxies::parse(&config.trusted_proxies)
+            .map_err(|e| problems.push(e))
+            .ok();
+        let uses_qat = config
+            .listeners
+            .iter()
+            .any(|l| l.provider.unwrap_or(config.provider) == ProviderName::OpensslQat);
+        if uses_qat {
+            problems.extend(config.qat.problems());
+        }
+        limits_problems(&config.limits, &mut problems);
+        problems.extend(config.access_log.problems());
+        let mut names = std::collections::HashSet::new();
+        let mut listeners = Vec::with_capacity(config.listeners.len());
+        for i in 0..config.listeners.len() {
+            if let Some(l) = listener_plan(config, i, &mut names, &mut problems) {
+                listeners.push(l);
+            }
+        }
+        match (admin, trusted) {
+            (Some(admin), Some(trusted)) if problems.is_empty() => Ok(Self {
+                listeners,
+                admin,
+                limits: config.limits.clone(),
+                offload: config.handshake.offload.unwrap_or(HandshakeOffload::Inline),
+                pool_threads: config.handshake.pool_threads,
+                qat: uses_qat.then(|| config.qat.clone()),
+                trusted,
+                access_log: config.access_log.clone(),
+                cert_watch_interval: config.cert_watch_interval,
+            }),
+            _ => Err(ConfigError { problems }),
+        }
+    }
+}
+
+fn admin_plan(config: &Config, problems: &mut Vec<String>) -> Option<AdminPlan> {
+    let a = &config.admin;
+    let before = problems.len();
+    let listen = a.listen.parse::<SocketAddr>().ok();
+    if listen.is_none() {
+        problems.push(format!(
+            "admin.listen: {:?} is not an IP:port address",
+            a.listen
+        ));
+    }
+    if a.max_connections == 0 {
+        problems.push("admin.max_connections must be at least 1".to_owned());
+    }
+    if a.header_read_timeout.is_zero() {
+        problems.push("admin.header_read_timeout must be greater than zero".to_owned());
+    }
+    let tls = match (&a.tls_cert, &a.tls_key) {
+        (Some(c), Some(k)) => Some((c.clone(), k.clone())),
+        (None, None) => None,
+        _ => {
+            problems.push(
+                "admin.tls_cert and admin.tls_key go together: give both or neither".to_owned(),
+            );
+            None
+        }
+    };
+    (problems.len() == before).then(|| AdminPlan {
+        listen: listen.expect("checked above"),
+        token_file: a.token_file.clone(),
+        tls,
+        max_connections: a.max_connections,
+        header_read_timeout: a.header_read_timeout,
+    })
+}
+
+fn limits_problems(l: &Limits, problems: &mut Vec<String>) {
+    if l.max_connections == 0 {
+        problems.push("limits.max_connections must be at least 1".to_owned());
+    }
+    if l.max_header_bytes < 8192 {
+        problems.push(format!(
+            "limits.max_header_bytes = {} is below hyper's minimum buffer of 8192",
+            l.max_header_bytes
+        ));
+    }
+    if l.h2_max_concurrent_streams == 0 {
+        problems.push("limits.h2_max_concurrent_streams must be at least 1".to_owned());
+    }
+    for (name, d) in [
+        ("limits.handshake_timeout", l.handshake_timeout),
+        ("limits.header_read_timeout", l.header_read_timeout),
+        ("limits.idle_timeout", l.idle_timeout),
+        (
+            "limits.upstream_connect_timeout",
+            l.upstream_connect_timeout,
+        ),
+        (
+            "limits.upstream_response_timeout",
+            l.upstream_response_timeout,
+        ),
+        ("limits.first_request_timeout", l.first_request_timeout),
+        ("limits.stall_timeout", l.stall_timeout),
+        ("limits.drain_timeout", l.drain_timeout),
+        ("limits.tcp_keepalive", l.tcp_keepalive),
+        ("limits.h2_keepalive_interval", l.h2_keepalive_interval),
+        ("limits.h2_keepalive_timeout", l.h2_keepalive_timeout),
+    ] {
+        if d.is_zero() {
+            problems.push(format!("{name} must be greater than zero"));
+        }
+    }
+    if l.max_connection_age.is_some_and(|d| d.is_zero()) {
+        problems.push("limits.max_connection_age must be greater than zero".to_owned());
+    }
+    if l.stall_timeout < l.upstream_response_timeout {
+        problems.push(format!(
+            "limits.stall_timeout ({:?}) must be at least limits.upstream_response_timeout ({:?}): a slow upstream's request would be cut as a stall before its 504",
+            l.stall_timeout, l.upstream_response_timeout
+        ));
+    }
+    if l.max_upstream_requests == 0 {
+        problems.push("limits.max_upstream_requests must be at least 1".to_owned());
+    }
+    let floors = l.request_buffer_floors();
+    if floors > l.request_buffer_budget() {
+        problems.push(format!(
+            "limits.request_buffer_budget = {} bytes cannot hold the floors of limits.max_connections = {} connections (64 KiB or max_header_bytes each) and limits.max_upstream_requests = {} upstream requests (464 KiB each): {floors} bytes; raise the budget or lower the limits",
+            l.request_buffer_budget(),
+            l.max_connections,
+            l.max_upstream_requests
+        ));
+    }
+}
+
+/// Listener `i`, checked; `None` when it has a problem (each pushed to `problems`).
+fn listener_plan(
+    config: &Config,
+    i: usize,
+    names: &mut std::collections::HashSet<String>,
+    problems: &mut Vec<String>,
+) -> Option<ListenerPlan> {
+    let lc = &config.listeners[i];
+    let before = problems.len();
+    let field = |f: &str| format!("listener[{i}].{f}");
+    let name = lc.display_name(i);
+    if !names.insert(name.clone()) {
+        problems.push(format!(
+            "{}: duplicate listener name {name:?}",
+            field("name")
+        ));
+    }
+    let listen = lc.listen.parse::<SocketAddr>().ok();
+    if listen.is_none() {
+        problems.push(format!(
+            "{}: {:?} is not an IP:port address",
+            field("listen"),
+            lc.listen
+        ));
+    }
+    if lc.upstream.is_empty() {
+        problems.push(format!(
+            "{}: at least one node is needed",
+            field("upstream")
+        ));
+    }
+    if lc.upstream.len() > MAX_UPSTREAM_NODES {
+        problems.push(format!(
+            "{}: {} nodes; at most {MAX_UPSTREAM_NODES} per listener",
+            field("upstream"),
+            lc.upstream.len()
+        ));
+    }
+    let mut nodes: Vec<UpstreamAddr> = Vec::with_capacity(lc.upstream.len());
+    for url in &lc.upstream {
+        match UpstreamAddr::parse(url, lc.mode == ListenerMode::Tcp) {
+            Ok(addr) if nodes.iter().any(|n| n.authority == addr.authority) => {
+                problems.push(format!("{}: {addr} is listed twice", field("upstream")))
+            }
+            Ok(addr) => nodes.push(addr),
+            Err(e) => problems.push(format!("{}: {e}", field("upstream"))),
+        }
+    }
+    let hc = &lc.health_check;
+    if hc.interval.is_zero() || hc.timeout.is_zero() {
+        problems.push(format!(
+            "{}: interval and timeout must be above zero",
+            field("health_check")
+        ));
+    }
+    if hc.unhealthy_threshold == 0 || hc.healthy_threshold == 0 {
+        problems.push(format!(
+            "{}: unhealthy_threshold and healthy_threshold must be at least 1",
+            field("health_check")
+        ));
+    }
+    if hc.ejection_base.is_zero() || hc.ejection_base > hc.ejection_max {
+        problems.push(format!(
+            "{}: ejection_base must be above zero and at most ejection_max",
+            field("health_check")
+        ));
+    }
+    if !hc.path.starts_with('/') {
+        problems.push(format!(
+            "{}: path {:?} must start with /",
+            field("health_check"),
+            hc.path
+        ));
+    }
+    let health_kind = hc.effective_kind(lc.upstream.len(), lc.mode, lc.upstream_protocol);
+    if lc.mode == ListenerMode::Tcp
+        && matches!(health_kind, HealthCheckKind::Http | HealthCheckKind::Grpc)
+    {
+        problems.push(format!(
+            "{}: a tcp listener's nodes can only be checked with kind = \"connect\"",
+            field("health_check.kind")
+        ));
+    }
+    for (f, path) in [("cert", &lc.cert), ("key", &lc.key)] {
+        if !path.is_file() {
+            problems.push(format!("{}: file not found: {}", field(f), path.display()));
+        }
+    }
+    let mut sni_names = std::collections::HashSet::new();
+    for (j, entry) in lc.sni.iter().enumerate() {
+        let at = field(&format!("sni[{j}]"));
+        if entry.server_names.is_empty() {
+            problems.push(format!("{at}.server_names: at least one name is needed"));
+        }
+        for name in &entry.server_names {
+            if let Some(p) = server_name_problem(name) {
+                problems.push(format!("{at}.server_names: {p}"));
+            } else if !sni_names.insert(name.to_ascii_lowercase()) {
+                problems.push(format!(
+                    "{at}.server_names: {name:?} is already served by another certificate"
+                ));
+            }
+        }
+        for (f, path) in [("cert", &entry.cert), ("key", &entry.key)] {
+            if !path.is_file() {
+                problems.push(format!("{at}.{f}: file not found: {}", path.display()));
+            }
+        }
+    }
+    if let Some(ca) = &lc.tls.client_ca {
+        if !ca.is_file() {
+            problems.push(format!(
+                "{}: file not found: {}",
+                field("tls.client_ca"),
+                ca.display()
+            ));
+        }
+    }
+    if lc.tls.min_version > lc.tls.max_version {
+        problems.push(format!(
+            "{}: min_version is above max_version",
+            field("tls")
+        ));
+    }
+    if lc.tls.kx_groups.is_empty() {
+        problems.push(format!(
+            "{}: at least one group is needed",
+            field("tls.kx_groups")
+        ));
+    }
+    if lc.mode == ListenerMode::Tcp && lc.upstream_protocol != UpstreamProtocol::Auto {
+        problems.push(format!(
+            "{}: only meaningful in http mode (this listener is tcp)",
+            field("upstream_protocol")
+        ));
+    }
+    if problems.len() != before {
+        return None;
+    }
+    Some(ListenerPlan {
+        index: i,
+        name,
+        listen: listen.expect("checked above"),
+        mode: lc.mode,
+        nodes,
+        balance: lc.balance,
+        health_check: (health_kind, hc.clone()),
+        upstream_protocol: lc.upstream_protocol,
+        security_headers: lc.security_headers,
+        tls: TlsPlan {
+            provider: lc.provider.unwrap_or(config.provider),
+            cert: lc.cert.clone(),
+            key: lc.key.clone(),
+            sni: lc
+                .sni
+                .iter()
+                .map(|s| SniPlan {
+                    names: s
+                        .server_names
+                        .iter()
+                        .map(|n| n.to_ascii_lowercase())
+                        .collect(),
+                    cert: s.cert.clone(),
+                    key: s.key.clone(),
+                })
+                .collect(),
+            policy: lc.tls.clone(),
+            default_alpn: lc.mode.default_alpn(),
+            fallback: config.qat.fallback,
+        },
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn plan_of(text: &str) -> Result<Plan, ConfigError> {
+        Plan::new(&toml::from_str::<Config>(text).unwrap())
+    }
+
+    #[test]
+    fn full_listener_parses_and_every_problem_is_reported() {
+        let text = r#"
+            provider = "ring"
+            [limits]
+            handshake_timeout = "2s"
+            max_connections = 0
+            [[listener]]
+            name = "grpc"
+            listen = "127.0.0.1:6334"
+            cert = "/nonexistent/a.crt"
+            key = "/nonexistent/a.key"
+            upstream = "http://127.0.0.1:16334"
+            upstream_protocol = "h2c"
+            [listener.tls]
+            min_version = "1.3"
+            kx_groups = ["x25519", "secp256r1"]
+            resumption = false
+        "#;
+        let c: Config = toml::from_str(text).unwrap();
+        assert_eq!(c.limits.handshake_timeout, Duration::from_secs(2));
+        assert_eq!(c.listeners[0].tls.kx_groups.len(), 2);
+        let all = Plan::new(&c).unwrap_err().to_string();
+        assert!(all.contains("limits.max_connections"), "{all}");
+        assert!(all.contains("listener[0].cert: file not found"), "{all}");
+        assert!(all.contains("listener[0].key: file not found"), "{all}");
+    }
+
+    #[test]
+    fn upstream_is_one_url_or_a_list_and_every_node_is_checked() {
+        let all = plan_of(
+            r#"
+            [[listener]]
+            listen = "127.0.0.1:1"
+            cert = "c"
+            key = "k"
+            upstream = ["http://n1:6334", "http://n2:6334", "n1:6334", "https://n3:6334"]
+            upstream_protocol = "h2c"
+            balance = "round-robin"
+            [listener.health_check]
+            interval = "500ms"
+            unhealthy_threshold = 0
+        "#,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(all.contains("n1:6334 is listed twice"), "{all}");
+        assert!(all.contains("https://n3:6334"), "{all}");
+        assert!(all.contains("unhealthy_threshold"), "{all}");
+    }
+
+    /// The decisions taken once, here: the provider a listener asks for, the probe in
+    /// effect, the nodes parsed, whether QAT is needed, the mode's ALPN default.
+    #[test]
+    fn a_good_configuration_becomes_one_plan_with_every_decision_taken() {
+        let dir = std::env::temp_dir().join(format!("plan-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (c, k) = (dir.join("a.crt"), dir.join("a.key"));
+        std::fs::write(&c, "x").unwrap();
+        std::fs::write(&k, "x").unwrap();
+        let text = format!(
+            r#"
+            provider = "ring"
+            [qat]
+            fallback = "software"
+            [[listener]]
+            name = "rest"
+            listen = "127.0.0.1:6333"
+            cert = "{c}"
+            key = "{k}"
+            upstream = ["http://n1:6333", "n2:6333"]
+            [[listener]]
+            listen = "[::1]:6334"
+            cert = "{c}"
+            key = "{k}"
+            provider = "openssl-qat"
+            upstream = "http://127.0.0.1:6334"
+            upstream_protocol = "h2c"
+            [[listener.sni]]
+            server_names = ["Vectors.Example.com"]
+            cert = "{c}"
+            key = "{k}"
+        "#,
+            c = c.display(),
+            k = k.display()
+        );
+        let plan = plan_of(&text).unwrap();
+        let [rest, grpc] = &plan.listeners[..] else {
+            panic!("two listeners")
+        };
+        assert_eq!(rest.name, "rest");
+        assert_eq!(rest.tls.provider, ProviderName::Ring);
+        assert_eq!(rest.nodes.len(), 2);
+        assert_eq!(rest.nodes[1].to_string(), "n2:6333");
+        assert_eq!(rest.health_check.0, HealthCheckKind::Http);
+        assert_eq!(rest.tls.default_alpn, ListenerMode::Http.default_alpn());
+        assert_eq!(grpc.name, "listener1");
+        assert_eq!(grpc.listen, "[::1]:6334".parse::<SocketAddr>().unwrap());
+        assert_eq!(grpc.tls.provider, ProviderName::OpensslQat);
+        assert_eq!(grpc.tls.fallback, Fallback::Software);
+        assert_eq!(grpc.health_check.0, HealthCheckKind::Off, "one node");
+        assert_eq!(grpc.tls.sni[0].names, ["vectors.example.com"]);
+        assert!(plan.qat.is_some(), "a listener asks for openssl-qat");
+        assert_eq!(plan.offload, HandshakeOffload::Inline);
+        assert_eq!(grpc.tls.files().count(), 4);
+        // A switch keeps the SNI certificates and never falls back.
+        let switched = grpc
+            .tls
+            .switched(ProviderName::AwsLcRs, "n.crt".into(), "n.key".into());
+        assert_eq!(switched.fallback, Fallback::None);
+        assert_eq!(switched.sni, grpc.tls.sni);
+        std::fs::remove_dir_all(&dir).ok();
+    }
+}

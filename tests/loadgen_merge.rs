@@ -149,6 +149,14 @@ fn three_processes_merge_into_the_union_of_their_samples() {
     let cpu_sum: f64 = results.iter().map(cpu).sum();
     assert!((cpu(&m) - cpu_sum).abs() < 1e-9, "{} vs {cpu_sum}", cpu(&m));
     assert_eq!(m["merged_from"].as_array().unwrap().len(), 3);
+    // The merged result keeps the parts' configuration as it is, so a report reads it as it
+    // reads any result (it used to nest it under "first", and reports printed "default").
+    assert_eq!(m["config"], results[0]["config"]);
+    assert!(
+        m["config"]["concurrency"].as_u64().is_some(),
+        "{}",
+        m["config"]
+    );
 
     // A report over a folder with the three parts of one cell shows it once, merged.
     let report_dir = temp_dir("merge-report");

@@ -155,10 +155,9 @@ pub fn merge(results: &[RunResult], names: &[String]) -> Result<RunResult> {
         .map(|r| r.started_at.clone())
         .min()
         .unwrap_or_default();
-    merged.config = serde_json::json!({
-        "merged": names,
-        "first": first.config,
-    });
+    // Side-by-side processes of one cell run one configuration (checked above); the
+    // files merged are in `merged_from`.
+    merged.config = first.config.clone();
     merged.measured_seconds = secs;
     merged.requests_ok = ok;
     merged.requests_failed = failed;

@@ -4,6 +4,7 @@
 
 use std::collections::BTreeMap;
 
+use crate::run::{OnOff, TlsVersionArg};
 use hdrhistogram::Histogram;
 use serde::{Deserialize, Serialize};
 
@@ -202,6 +203,58 @@ pub struct EmbedLiveRecord {
     pub failed: u64,
 }
 
+/// How a run was configured, as its result records it: what reports read, typed, and
+/// every other `loadgen run` flag as given (secrets redacted), for the record. Results
+/// written before a field existed read as its default.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct RunConfig {
+    /// Workers, each with one request in flight.
+    pub concurrency: usize,
+    /// `new`, `reuse` or `per-n=N`.
+    pub connection_policy: String,
+    /// Client session resumption.
+    pub resumption: Option<OnOff>,
+    /// The one TLS version offered; none: 1.3 and 1.2.
+    pub tls_version: Option<TlsVersionArg>,
+    /// The client's key-exchange group.
+    pub kx: String,
+    /// Warm-up before the measured phase.
+    pub warmup: String,
+    /// Measured time, when the run was timed.
+    pub duration: Option<String>,
+    /// Measured requests, when the run was counted.
+    pub requests: Option<u64>,
+    /// Open-loop arrival rate, requests per second.
+    pub rate: Option<f64>,
+    /// The target host's node_exporter job, when its CPU came through Prometheus.
+    pub target_node_exporter: Option<String>,
+    /// Every other flag, as given.
+    #[serde(flatten)]
+    pub other: serde_json::Map<String, serde_json::Value>,
+}
+
+impl RunConfig {
+    /// The configuration of a run given by `args`.
+    pub fn of(args: &crate::run::RunArgs) -> serde_json::Result<Self> {
+        serde_json::from_value(serde_json::to_value(args)?)
+    }
+}
+
+/// A cell of a comparison that could not be measured: written in place of its result.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct CellFailure {
+    /// [`FAILURE_SCHEMA`].
+    pub schema: String,
+    /// Which cell.
+    pub cell: Cell,
+    /// Why, as the run said it.
+    pub reason: String,
+}
+
+/// The schema of [`CellFailure`] files.
+pub const FAILURE_SCHEMA: &str = "loadgen.cell-failure/v1";
+
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct RunResult {
     pub schema: String,
@@ -209,8 +262,8 @@ pub struct RunResult {
     pub cell: Option<Cell>,
     pub started_at: String,
     pub target: String,
-    /// The full run configuration, as given.
-    pub config: serde_json::Value,
+    /// The run's configuration, as given.
+    pub config: RunConfig,
     pub environment: Environment,
     pub workload: WorkloadRecord,
     pub tls_verification: bool,

@@ -7,7 +7,7 @@ use std::time::Duration;
 use anyhow::{anyhow, bail, Context, Result};
 use clap::{ArgAction, Args, ValueEnum};
 use proxy::crypto::{KxGroupName, Provider, ProviderName};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
 
 use crate::client::http::{trust_config, Options};
@@ -42,7 +42,7 @@ pub enum PowerChoice {
     None,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, ValueEnum)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, ValueEnum)]
 pub enum TlsVersionArg {
     #[value(name = "1.2")]
     #[serde(rename = "1.2")]
@@ -52,11 +52,31 @@ pub enum TlsVersionArg {
     V13,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, ValueEnum)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, ValueEnum)]
 #[serde(rename_all = "lowercase")]
 pub enum OnOff {
     On,
     Off,
+}
+
+impl OnOff {
+    /// As the command line and the proxy's flags write it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::On => "on",
+            Self::Off => "off",
+        }
+    }
+}
+
+impl TlsVersionArg {
+    /// As the command line and the proxy's flags write it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::V12 => "1.2",
+            Self::V13 => "1.3",
+        }
+    }
 }
 
 fn redact_secret<S: serde::Serializer>(v: &Option<String>, s: S) -> Result<S::Ok, S::Error> {
@@ -290,7 +310,7 @@ pub struct RunArgs {
     pub cell_repeat: u32,
 }
 
-fn serialize_display<T: std::fmt::Display, S: serde::Serializer>(
+pub(crate) fn serialize_display<T: std::fmt::Display, S: serde::Serializer>(
     v: &T,
     s: S,
 ) -> Result<S::Ok, S::Error> {
@@ -314,7 +334,7 @@ fn serialize_duration<S: serde::Serializer>(
     s.collect_str(v)
 }
 
-fn serialize_opt_duration<S: serde::Serializer>(
+pub(crate) fn serialize_opt_duration<S: serde::Serializer>(
     v: &Option<humantime::Duration>,
     s: S,
 ) -> Result<S::Ok, S::Error> {
@@ -594,57 +614,136 @@ fn watched(args: &RunArgs, proc_root: &std::path::Path) -> Result<Vec<Watched>> 
     Ok(out)
 }
 
-/// Runs the whole thing: set-up, warm-up, measured phase, read-out.
-pub async fn execute(args: &RunArgs, stop: CancellationToken) -> Result<RunResult> {
-    args.check()?;
-    let target = Target::parse(&args.target)?;
-    let protocol = args.protocol.unwrap_or_else(|| target.default_protocol());
-    let client_provider: ProviderName = args
-        .client_provider
-        .parse()
-        .map_err(|e| anyhow!("--client-provider: {e}"))?;
-    let kx: KxGroupName = args.kx.parse().map_err(|e| anyhow!("--kx: {e}"))?;
-    let library = Provider::new(client_provider, &[kx])
-        .context("--client-provider")?
-        .library_version();
-    let tls = if target.tls {
-        Some(
-            proxy::tls::client::ClientTls {
-                provider: client_provider,
-                kx_groups: vec![kx],
-                versions: match args.tls_version {
-                    Some(TlsVersionArg::V12) => vec![proxy::config::TlsVersion::Tls12],
-                    Some(TlsVersionArg::V13) => vec![proxy::config::TlsVersion::Tls13],
-                    None => vec![],
-                },
-                trust: crate::client::tls::trust(
-                    client_provider,
-                    args.ca.as_deref(),
-                    args.insecure,
-                )?,
-                resumption: args.resumption == OnOff::On,
-                alpn: vec![match protocol {
-                    Protocol::Rest => b"http/1.1".to_vec(),
-                    Protocol::Grpc => b"h2".to_vec(),
-                }],
-                ..Default::default()
-            }
-            .build()?,
-        )
-    } else {
-        None
-    };
-    let proc_root = PathBuf::from("/proc");
-    let watched = watched(args, &proc_root)?;
-    let power = power_source(args)?;
+/// A run, decided before anything is changed: every flag checked (`RunArgs::check`) and
+/// turned into what the run uses, typed (the target, protocol, client TLS configuration,
+/// request headers, the driver's settings, the processes to watch, the power source).
+/// Building it touches neither the target nor the collection.
+pub struct RunPlan {
+    /// Where the load goes.
+    pub target: Target,
+    /// REST or gRPC.
+    pub protocol: Protocol,
+    /// The client's provider and its library, for the record.
+    pub client_provider: ProviderName,
+    client_library: String,
+    /// The client's TLS configuration (none: a plaintext baseline).
+    tls: Option<Arc<rustls::ClientConfig>>,
+    /// `--header` values and the API key.
+    headers: http::HeaderMap,
+    /// The measured phase: loop, concurrency, connection policy, duration or count.
+    pub driver: DriverConfig,
+    /// Processes whose CPU is measured.
+    watched: Vec<Watched>,
+    /// Where watts come from, or why they do not.
+    power: PowerSource,
+    /// The target host's CPU through Prometheus and node_exporter.
+    target_host: Option<(Arc<probe::prometheus::Prometheus>, String)>,
+    /// /proc, where this host's CPU is read.
+    proc_root: PathBuf,
+}
 
-    // Vectors and bodies first, outside any timing.
+impl RunPlan {
+    /// Checks `args` and decides everything that can be decided without the network.
+    pub fn new(args: &RunArgs) -> Result<Self> {
+        args.check()?;
+        let target = Target::parse(&args.target)?;
+        let protocol = args.protocol.unwrap_or_else(|| target.default_protocol());
+        let client_provider: ProviderName = args
+            .client_provider
+            .parse()
+            .map_err(|e| anyhow!("--client-provider: {e}"))?;
+        let kx: KxGroupName = args.kx.parse().map_err(|e| anyhow!("--kx: {e}"))?;
+        let client_library = Provider::new(client_provider, &[kx])
+            .context("--client-provider")?
+            .library_version();
+        let tls = if target.tls {
+            Some(
+                proxy::tls::client::ClientTls {
+                    provider: client_provider,
+                    kx_groups: vec![kx],
+                    versions: match args.tls_version {
+                        Some(TlsVersionArg::V12) => vec![proxy::config::TlsVersion::Tls12],
+                        Some(TlsVersionArg::V13) => vec![proxy::config::TlsVersion::Tls13],
+                        None => vec![],
+                    },
+                    trust: crate::client::tls::trust(
+                        client_provider,
+                        args.ca.as_deref(),
+                        args.insecure,
+                    )?,
+                    resumption: args.resumption == OnOff::On,
+                    alpn: vec![match protocol {
+                        Protocol::Rest => b"http/1.1".to_vec(),
+                        Protocol::Grpc => b"h2".to_vec(),
+                    }],
+                    ..Default::default()
+                }
+                .build()?,
+            )
+        } else {
+            None
+        };
+        let proc_root = PathBuf::from("/proc");
+        let driver = DriverConfig {
+            mode: match args.rate {
+                Some(r) => Mode::Open(r),
+                None => Mode::Closed,
+            },
+            concurrency: args.concurrency.max(1),
+            policy: args.connection_policy,
+            duration: match (args.duration, args.requests) {
+                (Some(d), _) => Some(Duration::from(d)),
+                (None, Some(_)) => None,
+                (None, None) => Some(Duration::from_secs(10)),
+            },
+            requests: args.requests,
+            warmup: args.warmup.into(),
+            request_timeout: args.request_timeout.into(),
+            shared_connections: args.connections,
+            progress: !args.quiet,
+        };
+        Ok(Self {
+            watched: watched(args, &proc_root)?,
+            power: power_source(args)?,
+            target_host: match (&args.target_node_exporter, prometheus_server(args)?) {
+                (Some(instance), Some(server)) => Some((server, instance.clone())),
+                _ => None,
+            },
+            headers: args.request_headers()?,
+            target,
+            protocol,
+            client_provider,
+            client_library,
+            tls,
+            driver,
+            proc_root,
+        })
+    }
+}
+
+/// What is ready before the clock starts: vectors encoded into request bodies, the
+/// connector, the collection, and the point count to verify against.
+struct Prepared {
+    vectors: VectorSet,
+    connector: Arc<Connector>,
+    workload: Arc<Workload>,
+    count_before: Option<Result<u64>>,
+}
+
+/// Everything that can be prepared is, outside any timing: vectors (embedded if asked),
+/// bodies, the control connection (which also proves the target speaks TLS), the
+/// collection (recreated if asked) and its count before the run.
+async fn prepare(args: &RunArgs, plan: &RunPlan) -> Result<Prepared> {
     let vectors = prepare_vectors(args, 8 * args.points_per_request).await?;
-    let headers = args.request_headers()?;
-    let mut connector = Connector::new(target.clone(), protocol, tls, args.server_name.as_deref())
-        .await
-        .with_context(|| format!("--target {}", args.target))?;
-    connector.extra_headers = headers.clone();
+    let mut connector = Connector::new(
+        plan.target.clone(),
+        plan.protocol,
+        plan.tls.clone(),
+        args.server_name.as_deref(),
+    )
+    .await
+    .with_context(|| format!("--target {}", args.target))?;
+    connector.extra_headers = plan.headers.clone();
     let connector = Arc::new(connector);
     // Picks this run's id range. Random, not the clock: processes started side by side
     // (--start-at, an indexed Job) prepare in the same millisecond, and equal ranges would
@@ -659,7 +758,7 @@ pub async fn execute(args: &RunArgs, stop: CancellationToken) -> Result<RunResul
         ))
     };
     let spec = UpsertSpec {
-        protocol,
+        protocol: plan.protocol,
         collection: args.collection.clone(),
         points_per_request: args.points_per_request,
         wait: args.wait,
@@ -669,16 +768,17 @@ pub async fn execute(args: &RunArgs, stop: CancellationToken) -> Result<RunResul
         spec,
         &vectors,
         id_base_for_run(nonce),
-        if target.tls { "https" } else { "http" },
+        if plan.target.tls { "https" } else { "http" },
         connector.authority().as_str(),
     )?;
-    workload.extra_headers = headers;
-    let workload = Arc::new(workload);
-
-    // The control connection also proves the target speaks TLS before any load starts.
-    let mut admin = Admin::connect(&connector)
-        .await
-        .with_context(|| format!("cannot reach {} over {}", target, protocol.as_str()))?;
+    workload.extra_headers = plan.headers.clone();
+    let mut admin = Admin::connect(&connector).await.with_context(|| {
+        format!(
+            "cannot reach {} over {}",
+            plan.target,
+            plan.protocol.as_str()
+        )
+    })?;
     admin
         .ensure_collection(&args.collection, vectors.dim, args.recreate)
         .await
@@ -688,49 +788,86 @@ pub async fn execute(args: &RunArgs, stop: CancellationToken) -> Result<RunResul
     } else {
         None
     };
-    drop(admin);
+    Ok(Prepared {
+        vectors,
+        connector,
+        workload: Arc::new(workload),
+        count_before,
+    })
+}
 
-    if let Some(at) = args.start_at {
-        // Everything is prepared; the barrier is the last thing before the load.
-        match at.duration_since(std::time::SystemTime::now()) {
-            Ok(wait) => {
-                tokio::select! {
-                    _ = tokio::time::sleep(wait) => {}
-                    _ = stop.cancelled() => bail!("interrupted while waiting for --start-at"),
-                }
+/// Waits for `--start-at`, the barrier of processes started side by side.
+async fn wait_for_start(at: Option<std::time::SystemTime>, stop: &CancellationToken) -> Result<()> {
+    let Some(at) = at else {
+        return Ok(());
+    };
+    match at.duration_since(std::time::SystemTime::now()) {
+        Ok(wait) => {
+            tokio::select! {
+                _ = tokio::time::sleep(wait) => Ok(()),
+                _ = stop.cancelled() => bail!("interrupted while waiting for --start-at"),
             }
-            Err(late) => bail!(
-                "--start-at is {:.1} s in the past once the run was prepared: give a later time",
-                late.duration().as_secs_f64()
-            ),
         }
+        Err(late) => bail!(
+            "--start-at is {:.1} s in the past once the run was prepared: give a later time",
+            late.duration().as_secs_f64()
+        ),
     }
+}
+
+/// Runs the whole thing: plan, set-up, warm-up, measured phase, read-out.
+pub async fn execute(args: &RunArgs, stop: CancellationToken) -> Result<RunResult> {
+    let plan = RunPlan::new(args)?;
+    let prepared = prepare(args, &plan).await?;
+    // Everything is prepared; the barrier is the last thing before the load.
+    wait_for_start(args.start_at, &stop).await?;
     let started_at = humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string();
     // The measured phase starts when the warm-up ends, on the wall clock too.
-    let measured_from = (std::time::SystemTime::now() + Duration::from(args.warmup))
+    let measured_from = (std::time::SystemTime::now() + plan.driver.warmup)
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0.0, |d| d.as_secs_f64());
-    let duration = match (args.duration, args.requests) {
-        (Some(d), _) => Some(Duration::from(d)),
-        (None, Some(_)) => None,
-        (None, None) => Some(Duration::from_secs(10)),
+    let (outcome, finished, embed_live) = measure(args, &plan, &prepared, &stop).await?;
+    let verification = match &prepared.count_before {
+        None => Measured::missing("--verify-count false"),
+        Some(Err(e)) => Measured::missing(format!("counting before the run: {e:#}")),
+        Some(Ok(before)) => {
+            verify(
+                &prepared.connector,
+                &args.collection,
+                *before,
+                outcome.points_acknowledged,
+                args.wait,
+            )
+            .await
+        }
     };
-    // Checked in `RunArgs::check` before anything was changed.
-    let mode = match args.rate {
-        Some(r) => Mode::Open(r),
-        None => Mode::Closed,
-    };
-    let driver_config = DriverConfig {
-        mode,
-        concurrency: args.concurrency.max(1),
-        policy: args.connection_policy,
-        duration,
-        requests: args.requests,
-        warmup: args.warmup.into(),
-        request_timeout: args.request_timeout.into(),
-        shared_connections: args.connections,
-        progress: !args.quiet,
-    };
+    let result = read_out(
+        args,
+        &plan,
+        &prepared,
+        Measurements {
+            started_at,
+            measured_from,
+            outcome,
+            finished,
+            embed_live,
+            verification,
+        },
+    )?;
+    if let Some(path) = &args.out {
+        write_json(path, &result)?;
+    }
+    Ok(result)
+}
+
+/// The warm-up and the measured phase, with the probes around the measured phase and the
+/// live embedding load beside it.
+async fn measure(
+    args: &RunArgs,
+    plan: &RunPlan,
+    prepared: &Prepared,
+    stop: &CancellationToken,
+) -> Result<(driver::Outcome, probe::Finished, Option<EmbedLiveRecord>)> {
     let proxy_metrics = args.proxy_metrics.clone().map(|url| {
         (
             url,
@@ -740,7 +877,6 @@ pub async fn execute(args: &RunArgs, stop: CancellationToken) -> Result<RunResul
             },
         )
     });
-
     let live = match args.embed_live {
         Some(rate) => {
             let opts = embeddings_options(args)?;
@@ -753,34 +889,30 @@ pub async fn execute(args: &RunArgs, stop: CancellationToken) -> Result<RunResul
 
     // Warm-up runs inside the driver; probes start when the measured phase does. Without a
     // warm-up they start before the first request, so the proxy's counters match exactly.
-    let warmup = driver_config.warmup;
-    let target_host = match (&args.target_node_exporter, prometheus_server(args)?) {
-        (Some(instance), Some(server)) => Some((server, instance.clone())),
-        _ => None,
-    };
+    let warmup = plan.driver.warmup;
     let probe_config = ProbeConfig {
-        proc_root: proc_root.clone(),
-        target_host,
-        power,
-        watched,
+        proc_root: plan.proc_root.clone(),
+        target_host: plan.target_host.clone(),
+        power: plan.power.clone(),
+        watched: plan.watched.clone(),
         proxy_metrics,
         sample_interval: Duration::from_secs(1),
     };
     let (probes, outcome) = if warmup.is_zero() {
         let probes = probe_config.start().await;
         let outcome = driver::run(
-            workload.clone(),
-            connector.clone(),
-            driver_config,
+            prepared.workload.clone(),
+            prepared.connector.clone(),
+            plan.driver.clone(),
             stop.clone(),
         )
         .await;
         (probes, outcome)
     } else {
         let driver_task = tokio::spawn(driver::run(
-            workload.clone(),
-            connector.clone(),
-            driver_config,
+            prepared.workload.clone(),
+            prepared.connector.clone(),
+            plan.driver.clone(),
             stop.clone(),
         ));
         tokio::select! {
@@ -802,22 +934,38 @@ pub async fn execute(args: &RunArgs, stop: CancellationToken) -> Result<RunResul
         }
         None => None,
     };
+    Ok((outcome, finished, embed_live))
+}
 
-    let verification = match count_before {
-        None => Measured::missing("--verify-count false"),
-        Some(Err(e)) => Measured::missing(format!("counting before the run: {e:#}")),
-        Some(Ok(before)) => {
-            verify(
-                &connector,
-                &args.collection,
-                before,
-                outcome.points_acknowledged,
-                args.wait,
-            )
-            .await
-        }
-    };
+/// What the measured phase produced, for [`read_out`].
+struct Measurements {
+    started_at: String,
+    measured_from: f64,
+    outcome: driver::Outcome,
+    finished: probe::Finished,
+    embed_live: Option<EmbedLiveRecord>,
+    verification: Measured<Verification>,
+}
 
+/// The result: figures derived from the measurements, warnings about what may have bounded
+/// the run, and the configuration and environment it ran in.
+fn read_out(
+    args: &RunArgs,
+    plan: &RunPlan,
+    prepared: &Prepared,
+    m: Measurements,
+) -> Result<RunResult> {
+    let Measurements {
+        started_at,
+        measured_from,
+        outcome,
+        finished,
+        embed_live,
+        verification,
+    } = m;
+    let (target, protocol, mode) = (&plan.target, plan.protocol, plan.driver.mode);
+    let (vectors, workload) = (&prepared.vectors, &prepared.workload);
+    let proc_root = &plan.proc_root;
     let secs = outcome.elapsed.as_secs_f64();
     let rate = |n: f64| if secs > 0.0 { n / secs } else { 0.0 };
     let failed: u64 = outcome.failures.values().sum();
@@ -861,17 +1009,17 @@ pub async fn execute(args: &RunArgs, stop: CancellationToken) -> Result<RunResul
         }),
         started_at,
         target: target.to_string(),
-        config: serde_json::to_value(args)?,
+        config: RunConfig::of(args)?,
         environment: {
-            let (cpu_model, cores, kernel) = probe::cpu::machine_facts(&proc_root);
+            let (cpu_model, cores, kernel) = probe::cpu::machine_facts(proc_root);
             Environment {
-                host: probe::cpu::host_name(&proc_root),
+                host: probe::cpu::host_name(proc_root),
                 cpu_model,
                 cores,
                 kernel,
                 loadgen_version: env!("CARGO_PKG_VERSION").to_owned(),
-                client_provider: client_provider.to_string(),
-                client_library: library,
+                client_provider: plan.client_provider.to_string(),
+                client_library: plan.client_library.clone(),
                 proxy_listeners: finished.proxy_listeners,
             }
         },
@@ -933,9 +1081,6 @@ pub async fn execute(args: &RunArgs, stop: CancellationToken) -> Result<RunResul
         payload_bytes: Some(outcome.ok_body_bytes),
         merged_from: Vec::new(),
     };
-    if let Some(path) = &args.out {
-        write_json(path, &result)?;
-    }
     Ok(result)
 }
 

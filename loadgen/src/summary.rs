@@ -67,7 +67,7 @@ pub fn render(r: &RunResult) -> String {
         per_request(r.cpu.loadgen.cpu_seconds_per_request)
     );
     if r.cpu.target_host_utilisation_percent.value.is_some()
-        || r.config["target_node_exporter"].is_string()
+        || r.config.target_node_exporter.is_some()
     {
         let _ = writeln!(
             s,

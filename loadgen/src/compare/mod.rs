@@ -15,13 +15,14 @@ use std::time::{Duration, Instant};
 use anyhow::{anyhow, bail, Context, Result};
 use clap::{Args, Parser, ValueEnum};
 use proxy::crypto::{generate_cert_set, CertAlgorithmName, ProviderName};
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
 use crate::client::http::{send, Options};
 use crate::client::Protocol;
-use crate::result::Cell;
-use crate::run::{self, RunArgs};
+use crate::driver::ConnectionPolicy;
+use crate::result::{Cell, CellFailure, FAILURE_SCHEMA};
+use crate::run::{self, OnOff, RunArgs, TlsVersionArg};
 use procs::{parse_cpu_list, sibling_binary, Managed};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, ValueEnum)]
@@ -36,16 +37,16 @@ pub enum Profile {
 }
 
 impl Profile {
-    fn warmup(self) -> &'static str {
+    fn warmup(self) -> Duration {
         match self {
-            Self::Quick => "1s",
-            Self::Full => "10s",
+            Self::Quick => Duration::from_secs(1),
+            Self::Full => Duration::from_secs(10),
         }
     }
-    fn duration(self) -> &'static str {
+    fn duration(self) -> Duration {
         match self {
-            Self::Quick => "3s",
-            Self::Full => "60s",
+            Self::Quick => Duration::from_secs(3),
+            Self::Full => Duration::from_secs(60),
         }
     }
     fn repeat(self) -> u32 {
@@ -75,10 +76,12 @@ pub struct CompareArgs {
     pub profile: Profile,
     /// Overrides the profile's measured time per cell.
     #[arg(long)]
-    pub duration: Option<String>,
+    #[serde(serialize_with = "crate::run::serialize_opt_duration")]
+    pub duration: Option<humantime::Duration>,
     /// Overrides the profile's warm-up per cell.
     #[arg(long)]
-    pub warmup: Option<String>,
+    #[serde(serialize_with = "crate::run::serialize_opt_duration")]
+    pub warmup: Option<humantime::Duration>,
     /// Measured requests per cell instead of a duration.
     #[arg(long)]
     pub requests: Option<u64>,
@@ -96,17 +99,18 @@ pub struct CompareArgs {
     pub concurrency: usize,
     /// new: a full handshake per request (what the comparison is about); reuse; per-n=N.
     #[arg(long, default_value = "new")]
-    pub connection_policy: String,
+    #[serde(serialize_with = "crate::run::serialize_display")]
+    pub connection_policy: ConnectionPolicy,
     /// Client session resumption in every cell: off (a full handshake per new
     /// connection, what the comparison measures) or on.
-    #[arg(long, default_value = "off")]
-    pub resumption: String,
+    #[arg(long, value_enum, default_value_t = OnOff::Off)]
+    pub resumption: OnOff,
     /// Key-exchange groups of every cell, client and proxy alike (comma-separated).
     #[arg(long, default_value = "x25519")]
     pub kx: String,
-    /// 1.2 or 1.3 (default: 1.3).
-    #[arg(long, default_value = "1.3")]
-    pub tls_version: String,
+    /// The TLS version of every cell, client and proxy alike.
+    #[arg(long, value_enum, default_value_t = TlsVersionArg::V13)]
+    pub tls_version: TlsVersionArg,
 
     /// Reactor threads of each proxy (default: the proxy's own default, one per CPU).
     #[arg(long)]
@@ -191,16 +195,6 @@ fn redact_run_args<S: serde::Serializer>(v: &[String], s: S) -> Result<S::Ok, S:
     }
     seq.end()
 }
-
-/// A cell that could not be measured.
-#[derive(Debug, Serialize, Deserialize)]
-pub struct CellFailure {
-    pub schema: String,
-    pub cell: Cell,
-    pub reason: String,
-}
-
-pub const FAILURE_SCHEMA: &str = "loadgen.cell-failure/v1";
 
 /// The file a cell's result goes to.
 pub fn cell_path(out: &Path, cell: &Cell) -> PathBuf {
@@ -295,58 +289,84 @@ pub fn plan(providers: &[String], algorithms: &[String], repeat: u32) -> Vec<Cel
     cells
 }
 
-/// The `loadgen run` arguments of one cell.
-fn cell_run_args(
-    args: &CompareArgs,
-    cell: &Cell,
-    target: &str,
-    ca: &Path,
-    out: &Path,
-) -> Vec<String> {
-    let profile = args.profile;
-    let mut v: Vec<String> = vec![
-        "run".into(),
-        "--target".into(),
-        target.into(),
-        "--ca".into(),
-        ca.display().to_string(),
-        "--protocol".into(),
-        args.protocol.as_str().into(),
-        "--collection".into(),
-        "compare".into(),
-        // The same collection state for every cell: an index that grows across cells would
-        // make later cells slower for reasons that have nothing to do with TLS.
-        "--recreate".into(),
-        "--concurrency".into(),
-        args.concurrency.to_string(),
-        "--connection-policy".into(),
-        args.connection_policy.clone(),
-        "--resumption".into(),
-        args.resumption.clone(),
-        "--kx".into(),
-        args.kx.clone(),
-        "--tls-version".into(),
-        args.tls_version.clone(),
-        "--warmup".into(),
-        args.warmup
-            .clone()
-            .unwrap_or_else(|| profile.warmup().to_owned()),
-        "--quiet".into(),
-        "--cell-provider".into(),
-        cell.provider.clone(),
-        "--cell-algorithm".into(),
-        cell.algorithm.clone(),
-        "--cell-repeat".into(),
-        cell.repeat.to_string(),
-        "--out".into(),
-        out.display().to_string(),
-    ];
-    match (args.requests, &args.duration) {
-        (Some(n), _) => v.extend(["--requests".into(), n.to_string()]),
-        (None, Some(d)) => v.extend(["--duration".into(), d.clone()]),
-        (None, None) => v.extend(["--duration".into(), profile.duration().into()]),
+/// The `run` flags compare decides for every cell; set after `--` they are refused
+/// rather than silently overridden. (`--target` is refused by clap itself: it is given.)
+const FLAGS_COMPARE_SETS: [&str; 16] = [
+    "protocol",
+    "collection",
+    "recreate",
+    "concurrency",
+    "connection_policy",
+    "resumption",
+    "kx",
+    "tls_version",
+    "warmup",
+    "duration",
+    "requests",
+    "quiet",
+    "ca",
+    "out",
+    "proxy_metrics",
+    "cell_repeat",
+];
+
+/// Stands for a cell's target until the cell knows it (a local cell's proxy picks its port).
+const TARGET_PER_CELL: &str = "localhost:1";
+
+/// What every cell runs, typed and checked once before anything starts: the flags after
+/// `--` parsed (once, the only parse), compare's own settings applied over them. Each cell
+/// then sets only what is its own (target, CA, output, cell, the proxy's metrics).
+fn base_run_args(args: &CompareArgs) -> Result<RunArgs> {
+    use clap::{CommandFactory, FromArgMatches};
+    let argv = ["loadgen", "run", "--target", TARGET_PER_CELL]
+        .into_iter()
+        .map(str::to_owned)
+        .chain(args.run_args.iter().cloned());
+    let matches = RunWrapper::command()
+        .try_get_matches_from(argv)
+        .map_err(|e| anyhow!("{e}"))?;
+    let sub = matches
+        .subcommand_matches("run")
+        .expect("the argument list starts with run");
+    for id in FLAGS_COMPARE_SETS {
+        if sub.value_source(id) == Some(clap::parser::ValueSource::CommandLine) {
+            bail!(
+                "--{} is set by compare for every cell; use compare's own flag (see loadgen compare --help)",
+                id.replace('_', "-")
+            );
+        }
     }
-    v
+    let mut run = RunArgs::from_arg_matches(sub).map_err(|e| anyhow!("{e}"))?;
+    run.protocol = Some(args.protocol);
+    // The same collection state for every cell: an index that grows across cells would
+    // make later cells slower for reasons that have nothing to do with TLS.
+    run.collection = "compare".to_owned();
+    run.recreate = true;
+    run.concurrency = args.concurrency;
+    run.connection_policy = args.connection_policy;
+    run.resumption = args.resumption;
+    run.kx = args.kx.clone();
+    run.tls_version = Some(args.tls_version);
+    run.warmup = args.warmup.unwrap_or_else(|| args.profile.warmup().into());
+    match (args.requests, args.duration) {
+        (Some(n), _) => run.requests = Some(n),
+        (None, d) => run.duration = Some(d.unwrap_or_else(|| args.profile.duration().into())),
+    }
+    run.quiet = true;
+    run.check()?;
+    Ok(run)
+}
+
+/// One cell's run: `base` with the cell's own settings.
+fn cell_run_args(base: &RunArgs, cell: &Cell, target: &str, ca: &Path, out: &Path) -> RunArgs {
+    let mut run = base.clone();
+    run.target = target.to_owned();
+    run.ca = Some(ca.to_owned());
+    run.out = Some(out.to_owned());
+    run.cell_provider = Some(cell.provider.clone());
+    run.cell_algorithm = Some(cell.algorithm.clone());
+    run.cell_repeat = cell.repeat;
+    run
 }
 
 /// Runs the whole comparison; returns the cells that failed.
@@ -364,23 +384,9 @@ pub async fn execute(args: &CompareArgs, stop: CancellationToken) -> Result<Vec<
     let provider_names: Vec<String> = providers.iter().map(|p| p.to_string()).collect();
     let algorithm_names: Vec<String> = algorithms.iter().map(|a| a.to_string()).collect();
     let repeat = args.repeat.unwrap_or(args.profile.repeat());
-    // Flags for every cell are checked once, up front, not twelve times.
-    let probe_cell = Cell {
-        provider: provider_names[0].clone(),
-        algorithm: algorithm_names[0].clone(),
-        repeat: 1,
-    };
-    let mut probe_args = cell_run_args(
-        args,
-        &probe_cell,
-        "localhost:1",
-        Path::new("ca.crt"),
-        Path::new("x.json"),
-    );
-    probe_args.extend(args.run_args.iter().cloned());
-    parse_run_args(probe_args)
-        .and_then(|run| run.check())
-        .map_err(|e| anyhow!("flags after -- are not valid `loadgen run` flags: {e}"))?;
+    // Every cell's flags are parsed and checked once, up front, before anything starts.
+    let base = base_run_args(args)
+        .map_err(|e| anyhow!("flags after -- are not valid `loadgen run` flags here: {e}"))?;
 
     let cells_dir = args.out.join("cells");
     std::fs::create_dir_all(&cells_dir)
@@ -461,11 +467,12 @@ pub async fn execute(args: &CompareArgs, stop: CancellationToken) -> Result<Vec<
             started.elapsed().as_secs_f64()
         );
         let outcome = if remote {
-            run_remote_cell(args, cell, &ca, &cert_dir, &path, stop.clone()).await
+            run_remote_cell(args, &base, cell, &ca, &cert_dir, &path, stop.clone()).await
         } else {
             let up = upstream.as_ref().expect("local mode has an upstream");
             run_local_cell(
                 args,
+                &base,
                 cell,
                 &ca,
                 &cert_dir,
@@ -514,7 +521,8 @@ pub async fn execute(args: &CompareArgs, stop: CancellationToken) -> Result<Vec<
     Ok(failures)
 }
 
-/// clap wrapper so `run` flags can be parsed (and checked) from an argument list.
+/// clap wrapper so the `run` flags after `--` are parsed by the same definitions as
+/// `loadgen run`'s.
 #[derive(Parser)]
 struct RunWrapper {
     #[command(subcommand)]
@@ -526,17 +534,8 @@ enum RunCmd {
     Run(Box<RunArgs>),
 }
 
-fn parse_run_args(list: Vec<String>) -> Result<RunArgs> {
-    let RunCmd::Run(a) =
-        RunWrapper::try_parse_from(std::iter::once("loadgen".to_owned()).chain(list))
-            .map_err(|e| anyhow!("{e}"))?
-            .cmd;
-    Ok(*a)
-}
-
 /// One measured cell; the error is the cell's failure reason.
-async fn measure(list: Vec<String>, stop: CancellationToken) -> Result<String> {
-    let run_args = parse_run_args(list)?;
+async fn measure(run_args: RunArgs, stop: CancellationToken) -> Result<String> {
     let result = run::execute(&run_args, stop).await?;
     if result.requests_ok == 0 {
         let first = result
@@ -570,6 +569,7 @@ async fn measure(list: Vec<String>, stop: CancellationToken) -> Result<String> {
 #[allow(clippy::too_many_arguments)]
 async fn run_local_cell(
     args: &CompareArgs,
+    base: &RunArgs,
     cell: &Cell,
     ca: &Path,
     cert_dir: &Path,
@@ -598,12 +598,12 @@ async fn run_local_cell(
         .arg(cert_dir.join(format!("{}.crt", cell.algorithm)))
         .arg("--key")
         .arg(cert_dir.join(format!("{}.key", cell.algorithm)))
-        .args(["--resumption", &args.resumption, "--kx", &args.kx])
+        .args(["--resumption", args.resumption.as_str(), "--kx", &args.kx])
         .args([
             "--tls-min",
-            &args.tls_version,
+            args.tls_version.as_str(),
             "--tls-max",
-            &args.tls_version,
+            args.tls_version.as_str(),
         ])
         .args([
             "--upstream-protocol",
@@ -631,18 +631,13 @@ async fn run_local_cell(
         .to_owned();
     wait_ready(&format!("http://{admin}/readyz")).await?;
     let port = listen.rsplit(':').next().unwrap_or("0");
-    let mut list = cell_run_args(args, cell, &format!("localhost:{port}"), ca, out);
-    list.extend([
-        "--proxy-metrics".into(),
-        format!("http://{admin}/metrics"),
-        "--watch-pid".into(),
-        format!("proxy={}", proxy.pid()),
-    ]);
+    let mut run = cell_run_args(base, cell, &format!("localhost:{port}"), ca, out);
+    run.proxy_metrics = Some(format!("http://{admin}/metrics"));
+    run.watch_pid.push(format!("proxy={}", proxy.pid()));
     if let Some(pid) = upstream_pid {
-        list.extend(["--watch-pid".into(), format!("upstream={pid}")]);
+        run.watch_pid.push(format!("upstream={pid}"));
     }
-    list.extend(args.run_args.iter().cloned());
-    let result = measure(list, stop).await;
+    let result = measure(run, stop).await;
     let stopped = tokio::task::block_in_place(|| proxy.stop());
     let summary = result?;
     stopped?;
@@ -651,6 +646,7 @@ async fn run_local_cell(
 
 async fn run_remote_cell(
     args: &CompareArgs,
+    base: &RunArgs,
     cell: &Cell,
     ca: &Path,
     cert_dir: &Path,
@@ -707,10 +703,9 @@ async fn run_remote_cell(
             resp.text()
         );
     }
-    let mut list = cell_run_args(args, cell, target, ca, out);
-    list.extend(["--proxy-metrics".into(), format!("{admin}/metrics")]);
-    list.extend(args.run_args.iter().cloned());
-    measure(list, stop).await
+    let mut run = cell_run_args(base, cell, target, ca, out);
+    run.proxy_metrics = Some(format!("{admin}/metrics"));
+    measure(run, stop).await
 }
 
 /// Whether `url`'s host is this machine (localhost or a loopback address).
@@ -746,7 +741,95 @@ async fn wait_ready(url: &str) -> Result<()> {
 
 #[cfg(test)]
 mod tests {
-    use super::is_loopback_url;
+    use super::*;
+
+    fn compare_args(extra: &[&str]) -> CompareArgs {
+        #[derive(Parser)]
+        struct Wrapper {
+            #[command(flatten)]
+            args: CompareArgs,
+        }
+        Wrapper::try_parse_from(["compare"].iter().chain(extra))
+            .unwrap()
+            .args
+    }
+
+    /// The flags after `--` are parsed once into typed settings, compare's own settings
+    /// win over nothing (they cannot be given twice), and each cell only adds its own.
+    #[test]
+    fn every_cell_gets_one_typed_plan_and_its_own_settings() {
+        let args = compare_args(&[
+            "--concurrency",
+            "6",
+            "--resumption",
+            "on",
+            "--tls-version",
+            "1.2",
+            "--duration",
+            "2s",
+            "--",
+            "--dim",
+            "64",
+            "--points-per-request",
+            "10",
+        ]);
+        let base = base_run_args(&args).unwrap();
+        assert_eq!(base.dim, 64);
+        assert_eq!(base.points_per_request, 10);
+        assert_eq!(base.concurrency, 6);
+        assert_eq!(base.resumption, OnOff::On);
+        assert_eq!(base.tls_version, Some(TlsVersionArg::V12));
+        assert_eq!(
+            base.duration.map(Duration::from),
+            Some(Duration::from_secs(2))
+        );
+        assert_eq!(
+            base.warmup,
+            Duration::from_secs(1).into(),
+            "the quick profile's"
+        );
+        assert_eq!(base.collection, "compare");
+        assert!(base.recreate && base.quiet);
+        let cell = Cell {
+            provider: "ring".into(),
+            algorithm: "rsa2048".into(),
+            repeat: 2,
+        };
+        let run = cell_run_args(
+            &base,
+            &cell,
+            "localhost:4433",
+            Path::new("ca.crt"),
+            Path::new("out.json"),
+        );
+        assert_eq!(run.target, "localhost:4433");
+        assert_eq!(run.cell_provider.as_deref(), Some("ring"));
+        assert_eq!(run.cell_algorithm.as_deref(), Some("rsa2048"));
+        assert_eq!(run.cell_repeat, 2);
+        assert_eq!(run.ca.as_deref(), Some(Path::new("ca.crt")));
+        assert_eq!(run.dim, 64, "the flags after -- carry over");
+    }
+
+    #[test]
+    fn flags_after_the_separator_that_compare_sets_are_refused_not_overridden() {
+        for flag in [
+            "--concurrency=8",
+            "--resumption=on",
+            "--out=x.json",
+            "--target=h:1",
+        ] {
+            let err = base_run_args(&compare_args(&["--", flag])).unwrap_err();
+            let text = format!("{err:#}");
+            assert!(
+                text.contains(flag.split('=').next().unwrap())
+                    || text.contains("cannot be used multiple times"),
+                "{flag}: {text}"
+            );
+        }
+        // And a bad value fails before any cell starts.
+        let err = base_run_args(&compare_args(&["--", "--rate", "0"])).unwrap_err();
+        assert!(format!("{err:#}").contains("--rate"), "{err:#}");
+    }
 
     #[test]
     fn only_this_machine_counts_as_loopback() {

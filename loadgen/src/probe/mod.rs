@@ -25,6 +25,7 @@ pub struct Watched {
     pub pids: Vec<u32>,
 }
 
+#[derive(Clone)]
 pub enum PowerSource {
     Rapl(PathBuf),
     /// A meter read in watts on every sample tick.

@@ -18,8 +18,8 @@ use anyhow::{bail, Context, Result};
 
 use proxy::crypto::{CertAlgorithmName, ProviderName};
 
-use crate::compare::{CellFailure, FAILURE_SCHEMA};
-use crate::result::{Measured, RunResult, SCHEMA};
+use crate::result::{CellFailure, Measured, RunResult, FAILURE_SCHEMA, SCHEMA};
+use crate::run::{OnOff, TlsVersionArg};
 
 /// Providers a ratio's baseline is chosen from: the registry's software providers.
 pub const SOFTWARE_PROVIDERS: [&str; 3] = [
@@ -657,11 +657,7 @@ fn verdicts(r: &Report) -> Vec<(String, Vec<String>)> {
 
 fn setup_facts(r: &RunResult) -> Vec<(String, String)> {
     let c = &r.config;
-    let s = |k: &str| match &c[k] {
-        serde_json::Value::String(s) => s.clone(),
-        serde_json::Value::Null => "default".to_owned(),
-        v => v.to_string(),
-    };
+    let or_default = |v: Option<&str>| v.unwrap_or("default").to_owned();
     let w = &r.workload;
     vec![
         (
@@ -687,22 +683,21 @@ fn setup_facts(r: &RunResult) -> Vec<(String, String)> {
             "Connections".into(),
             format!(
                 "policy {}, resumption {}, TLS {}, key exchange {}, concurrency {}",
-                s("connection_policy"),
-                s("resumption"),
-                s("tls_version"),
-                s("kx"),
-                s("concurrency")
+                c.connection_policy,
+                or_default(c.resumption.map(OnOff::as_str)),
+                or_default(c.tls_version.map(TlsVersionArg::as_str)),
+                c.kx,
+                c.concurrency
             ),
         ),
         (
             "Per cell".into(),
             format!(
                 "warm-up {}, measured {} each",
-                s("warmup"),
-                if c["requests"].is_null() {
-                    s("duration")
-                } else {
-                    format!("{} requests", s("requests"))
+                c.warmup,
+                match (c.requests, &c.duration) {
+                    (Some(n), _) => format!("{n} requests"),
+                    (None, d) => or_default(d.as_deref()),
                 }
             ),
         ),
@@ -728,7 +723,7 @@ fn setup_facts(r: &RunResult) -> Vec<(String, String)> {
             match &r.cpu.target_host_utilisation_percent.value {
                 Some(_) => format!(
                     "the target host's, from node_exporter {} through Prometheus",
-                    s("target_node_exporter")
+                    or_default(c.target_node_exporter.as_deref())
                 ),
                 None => "this host's (/proc/stat)".into(),
             },

@@ -247,11 +247,12 @@ pub enum QatError {
     /// the signer thread would not start).
     #[error("{0}")]
     Unavailable(String),
-    /// The key the start-up proof signs with cannot be read, or is not RSA or ECDSA.
+    /// The key the start-up proof signs with cannot be read.
     #[error("{0}")]
     Key(String),
-    /// The provider is loaded but does not offload: a signature failed inside it, came
-    /// from another provider, ran without pausing its job, or does not verify.
+    /// Nothing would be offloaded: the key is of a kind QAT does not sign, or a signature
+    /// failed inside the provider, came from another provider, ran without pausing its
+    /// job, or does not verify.
     #[error("{0}")]
     NotOffloading(String),
 }
@@ -474,10 +475,11 @@ impl QatState {
                 vec![(c"SHA512", Padding::None, "ECDSA P-521 SHA-512".to_owned())]
             }
             other => {
-                return Err(QatError::Key(format!(
+                // Readable, but nothing QAT signs: the software fallback can serve it.
+                return Err(QatError::NotOffloading(format!(
                     "private key {} is {other:?}: QAT offloads RSA and ECDSA signatures only",
                     key_path.display()
-                )))
+                )));
             }
         };
         let key = Arc::new(key);

@@ -72,7 +72,7 @@ where
 /// A real HTTP server (HTTP/1.1 and h2c, chosen per connection by hyper) that echoes what
 /// it received. Paths:
 /// - `/slow/<ms>`: answers after that many milliseconds;
-/// - `/status/<code>`: answers with that status;
+/// - `/status/<code>`: reads the body, then answers with that status;
 /// - anything else: 200 with a JSON summary of the request (method, path, selected
 ///   headers, body length and SHA-256).
 pub struct EchoUpstream {
@@ -106,6 +106,10 @@ async fn echo(req: Request<Incoming>) -> Result<Response<Full<Bytes>>, Infallibl
         tokio::time::sleep(Duration::from_millis(ms)).await;
     }
     if let Some(code) = path.strip_prefix("/status/") {
+        // The body is read first, as a real upstream reads a request before judging it:
+        // answering early would leave how much of it crossed the proxy to the scheduler
+        // (the access-log test counts it).
+        let _ = req.into_body().collect().await;
         let mut r = Response::new(Full::new(Bytes::from_static(b"as requested")));
         *r.status_mut() = StatusCode::from_u16(code.parse().unwrap_or(500))
             .unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);

@@ -955,29 +955,21 @@ fn read_out(
     prepared: &Prepared,
     m: Measurements,
 ) -> Result<RunResult> {
-    let Measurements {
-        started_at,
-        measured_from,
-        outcome,
-        finished,
-        embed_live,
-        verification,
-    } = m;
     let (target, protocol, mode) = (&plan.target, plan.protocol, plan.driver.mode);
     let (vectors, workload) = (&prepared.vectors, &prepared.workload);
     let proc_root = &plan.proc_root;
-    let secs = outcome.elapsed.as_secs_f64();
+    let secs = m.outcome.elapsed.as_secs_f64();
     let rate = |n: f64| if secs > 0.0 { n / secs } else { 0.0 };
-    let failed: u64 = outcome.failures.values().sum();
-    let mut warnings = finished.warnings;
+    let failed: u64 = m.outcome.failures.values().sum();
+    let mut warnings = m.finished.warnings;
     let threads = args.worker_threads();
-    if finished.cpu.loadgen.percent_of_core > 80.0 * threads as f64 {
+    if m.finished.cpu.loadgen.percent_of_core > 80.0 * threads as f64 {
         warnings.push(format!(
             "loadgen used {:.0}% of a core with {threads} worker thread(s): the load generator, not the target, may be the bottleneck",
-            finished.cpu.loadgen.percent_of_core
+            m.finished.cpu.loadgen.percent_of_core
         ));
     }
-    if let Some(lag) = outcome.schedule_lag_us.as_ref().filter(|h| !h.is_empty()) {
+    if let Some(lag) = m.outcome.schedule_lag_us.as_ref().filter(|h| !h.is_empty()) {
         let p99_ms = lag.value_at_quantile(0.99) as f64 / 1000.0;
         if let Mode::Open(r) = mode {
             if p99_ms > 1000.0 / r + 10.0 {
@@ -990,14 +982,14 @@ fn read_out(
     if failed > 0 {
         warnings.push(format!("{failed} requests failed; see failures"));
     }
-    if let Some(v) = verification.as_ref().filter(|v| !v.matches) {
+    if let Some(v) = m.verification.as_ref().filter(|v| !v.matches) {
         warnings.push(format!(
             "collection grew by {} points but {} were acknowledged",
             v.count_after as i64 - v.count_before as i64,
             v.points_acknowledged
         ));
     }
-    if outcome.interrupted {
+    if m.outcome.interrupted {
         warnings.push("interrupted: the figures cover the time until the stop".to_owned());
     }
     let result = RunResult {
@@ -1007,7 +999,7 @@ fn read_out(
             algorithm: args.cell_algorithm.clone().unwrap_or_default(),
             repeat: args.cell_repeat,
         }),
-        started_at,
+        started_at: m.started_at,
         target: target.to_string(),
         config: RunConfig::of(args)?,
         environment: {
@@ -1020,7 +1012,7 @@ fn read_out(
                 loadgen_version: env!("CARGO_PKG_VERSION").to_owned(),
                 client_provider: plan.client_provider.to_string(),
                 client_library: plan.client_library.clone(),
-                proxy_listeners: finished.proxy_listeners,
+                proxy_listeners: m.finished.proxy_listeners,
             }
         },
         workload: WorkloadRecord {
@@ -1037,48 +1029,51 @@ fn read_out(
         },
         tls_verification: target.tls && !args.insecure,
         measured_seconds: secs,
-        requests_ok: outcome.ok,
+        requests_ok: m.outcome.ok,
         requests_failed: failed,
-        failures: outcome
+        failures: m
+            .outcome
             .failures
             .iter()
             .map(|(k, v)| (k.to_string(), *v))
             .collect(),
-        failure_examples: outcome
+        failure_examples: m
+            .outcome
             .failure_examples
             .iter()
             .map(|(k, v)| (k.to_string(), v.clone()))
             .collect(),
-        warmup_requests: outcome.warmup_ok + outcome.warmup_failed,
-        requests_per_second: rate(outcome.ok as f64),
-        points_per_second: rate((outcome.ok * args.points_per_request as u64) as f64),
-        payload_mb_per_second: rate(outcome.ok_body_bytes as f64) / 1e6,
-        latency_ms: Percentiles::from_us(&outcome.latency_us),
+        warmup_requests: m.outcome.warmup_ok + m.outcome.warmup_failed,
+        requests_per_second: rate(m.outcome.ok as f64),
+        points_per_second: rate((m.outcome.ok * args.points_per_request as u64) as f64),
+        payload_mb_per_second: rate(m.outcome.ok_body_bytes as f64) / 1e6,
+        latency_ms: Percentiles::from_us(&m.outcome.latency_us),
         handshakes: HandshakeRecord {
-            count: outcome.handshakes,
-            resumed: outcome.resumed_handshakes,
-            latency_ms: Percentiles::from_us(&outcome.handshake_us),
+            count: m.outcome.handshakes,
+            resumed: m.outcome.resumed_handshakes,
+            latency_ms: Percentiles::from_us(&m.outcome.handshake_us),
         },
-        schedule_lag_ms: outcome
+        schedule_lag_ms: m
+            .outcome
             .schedule_lag_us
             .as_ref()
             .and_then(Percentiles::from_us),
-        cpu: finished.cpu,
-        power: finished.power,
-        proxy_metrics: finished.proxy,
-        verification,
-        embed_live,
+        cpu: m.finished.cpu,
+        power: m.finished.power,
+        proxy_metrics: m.finished.proxy,
+        verification: m.verification,
+        embed_live: m.embed_live,
         warnings,
-        interrupted: outcome.interrupted,
+        interrupted: m.outcome.interrupted,
         window: Some(MeasuredWindow {
-            from_unix_s: measured_from,
-            until_unix_s: measured_from + secs,
+            from_unix_s: m.measured_from,
+            until_unix_s: m.measured_from + secs,
         }),
         histograms: Some(Histograms::encode(
-            &outcome.latency_us,
-            &outcome.handshake_us,
+            &m.outcome.latency_us,
+            &m.outcome.handshake_us,
         )),
-        payload_bytes: Some(outcome.ok_body_bytes),
+        payload_bytes: Some(m.outcome.ok_body_bytes),
         merged_from: Vec::new(),
     };
     Ok(result)

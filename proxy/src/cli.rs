@@ -598,9 +598,9 @@ fn check_config(args: CheckConfigArgs) -> ExitCode {
     // Beyond syntax: build every listener's TLS as `run` would (for openssl-qat that
     // includes loading the QAT provider and its start-up proof), into metrics of its own.
     let qat_state = match &plan.qat {
-        Some(qat) => match crate::crypto::qat::activate(qat) {
-            Ok(state) => Some(state),
-            Err(e) if qat.fallback == crate::crypto::qat::Fallback::Software => {
+        Some(qat) => match crate::crypto::qat::activate_per_fallback(qat) {
+            Ok(crate::crypto::qat::Activation::Active(state)) => Some(state),
+            Ok(crate::crypto::qat::Activation::FellBack(e)) => {
                 eprintln!("proxy: warning: QAT offload would be off (software fallback): {e}");
                 None
             }

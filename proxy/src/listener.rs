@@ -32,9 +32,7 @@ const TCP_KEEPALIVE_PROBES: u32 = 3;
 
 /// What the connection task needs to know about its listener.
 pub(crate) struct ListenerCtx {
-    /// The listener's name.
-    pub name: String,
-    /// What it handshakes with (switchable).
+    /// What it handshakes with (switchable), and the listener's name.
     pub tls: Arc<SwitchableListener>,
     /// Where handshakes sign.
     pub offload: Offload,
@@ -109,7 +107,7 @@ pub(crate) async fn accept_loop(
                 Ok(s) => s,
                 Err(e) => {
                     // EMFILE and friends: back off briefly rather than spin.
-                    tracing::warn!(listener = %ctx.name, error = %e, "accept failed");
+                    tracing::warn!(listener = %ctx.tls.labels.name, error = %e, "accept failed");
                     tokio::time::sleep(std::time::Duration::from_millis(20)).await;
                     continue;
                 }
@@ -179,14 +177,14 @@ async fn handle_connection(
         Ok(Err(e)) => {
             m.handshake_failed("error");
             m.connection_error("handshake");
-            crate::peer_warn!(listener = %ctx.name, %peer, error = %e, "TLS handshake failed");
+            crate::peer_warn!(listener = %ctx.tls.labels.name, %peer, error = %e, "TLS handshake failed");
             return;
         }
         Err(_) => {
             m.handshake_failed("timeout");
             m.connection_error("handshake_timeout");
             crate::peer_warn!(
-                listener = %ctx.name,
+                listener = %ctx.tls.labels.name,
                 %peer,
                 timeout = ?ctx.limits.handshake_timeout,
                 "TLS handshake timed out"
@@ -225,7 +223,7 @@ async fn handle_connection(
                 crate::http::TlsFacts {
                     version,
                     resumed,
-                    provider: current.provider.as_str(),
+                    provider: current.provider().as_str(),
                 },
                 activity,
                 shutdown,
@@ -234,7 +232,7 @@ async fn handle_connection(
             {
                 if !is_benign_close(&e) {
                     m.connection_error("http");
-                    crate::peer_warn!(listener = %ctx.name, %peer, error = %e, "connection error");
+                    crate::peer_warn!(listener = %ctx.tls.labels.name, %peer, error = %e, "connection error");
                 }
             }
         }
@@ -254,7 +252,7 @@ async fn handle_connection(
                 Err(e @ crate::tcp::SpliceError::Connect { .. }) => {
                     m.upstream_error("connect");
                     m.connection_error("upstream_connect");
-                    crate::peer_warn!(listener = %ctx.name, %peer, error = %e, "connection error");
+                    crate::peer_warn!(listener = %ctx.tls.labels.name, %peer, error = %e, "connection error");
                 }
                 Err(crate::tcp::SpliceError::Copy(e)) => {
                     if !matches!(
@@ -264,7 +262,7 @@ async fn handle_connection(
                             | std::io::ErrorKind::UnexpectedEof
                     ) {
                         m.connection_error("io");
-                        crate::peer_warn!(listener = %ctx.name, %peer, error = %e, "connection error");
+                        crate::peer_warn!(listener = %ctx.tls.labels.name, %peer, error = %e, "connection error");
                     }
                 }
             }

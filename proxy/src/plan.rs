@@ -175,7 +175,7 @@ impl Plan {
         let uses_qat = config
             .listeners
             .iter()
-            .any(|l| l.provider.unwrap_or(config.provider) == ProviderName::OpensslQat);
+            .any(|l| asked_provider(config, l) == ProviderName::OpensslQat);
         if uses_qat {
             problems.extend(config.qat.problems());
         }
@@ -203,6 +203,11 @@ impl Plan {
             _ => Err(ConfigError { problems }),
         }
     }
+}
+
+/// The provider a listener asks for: its own, else the top-level one.
+fn asked_provider(config: &Config, listener: &crate::config::ListenerConfig) -> ProviderName {
+    listener.provider.unwrap_or(config.provider)
 }
 
 fn admin_plan(config: &Config, problems: &mut Vec<String>) -> Option<AdminPlan> {
@@ -449,7 +454,7 @@ fn listener_plan(
         upstream_protocol: lc.upstream_protocol,
         security_headers: lc.security_headers,
         tls: TlsPlan {
-            provider: lc.provider.unwrap_or(config.provider),
+            provider: asked_provider(config, lc),
             cert: lc.cert.clone(),
             key: lc.key.clone(),
             sni: lc

@@ -16,7 +16,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::admin::{self, AdminGuards, AdminState, AdminToken};
 use crate::config::{Limits, ListenerMode};
-use crate::crypto::qat::{self, Fallback, QatConfig, QatError, QatState};
+use crate::crypto::qat::{self, Activation, QatConfig, QatError, QatState};
 use crate::crypto::CryptoError;
 use crate::http::{BufferBudget, HttpForwarder, H2_CONNECTION_WINDOW};
 use crate::listener::{accept_loop, bind, ListenerCtx, Mode};
@@ -131,8 +131,10 @@ impl Proxy {
         let mut listeners = Vec::with_capacity(plan.listeners.len());
         let mut qat_offload_active = shared.qat.is_some();
         for lp in &plan.listeners {
-            let (socket, ctx, fell_back) = start_listener(lp, plan, &shared)?;
-            qat_offload_active &= !fell_back;
+            let (socket, ctx) = start_listener(lp, plan, &shared)?;
+            // openssl-qat fell back to software for this listener: the provider in effect is
+            // not the one asked for.
+            qat_offload_active &= ctx.tls.current().provider() == lp.tls.provider;
             listeners.push((socket, ctx));
         }
         let Shared {
@@ -181,7 +183,7 @@ impl Proxy {
         let listeners = self
             .listeners
             .iter()
-            .filter_map(|(l, ctx)| Some((ctx.name.clone(), l.local_addr().ok()?)))
+            .filter_map(|(l, ctx)| Some((ctx.tls.labels.name.clone(), l.local_addr().ok()?)))
             .collect();
         (listeners, self.admin.local_addr().ok())
     }
@@ -265,13 +267,12 @@ impl Proxy {
 }
 
 /// One listener of `plan`: its TLS built (QAT proof and fallback included), its nodes and
-/// forwarder set up, its socket bound. Also says whether openssl-qat fell back to software
-/// for it.
+/// forwarder set up, its socket bound.
 fn start_listener(
     lp: &ListenerPlan,
     plan: &Plan,
     shared: &Shared,
-) -> Result<(TcpListener, Arc<ListenerCtx>, bool), StartupError> {
+) -> Result<(TcpListener, Arc<ListenerCtx>), StartupError> {
     let name = &lp.name;
     let labels = ListenerLabels {
         name: name.clone(),
@@ -338,12 +339,10 @@ fn start_listener(
         handshake = tls::handshake_label(provider.name(), shared.offload.label()),
         "listener ready"
     );
-    for s in &built.tls.sni {
-        tracing::info!(listener = %name, server_names = %s.names.join(","), algorithm = s.algorithm, "SNI certificate ready");
+    for (s, p) in built.tls.sni.iter().zip(&lp.tls.sni) {
+        tracing::info!(listener = %name, server_names = %p.names.join(","), algorithm = s.algorithm, "SNI certificate ready");
     }
-    let fell_back = built.fell_back.is_some();
     let ctx = ListenerCtx {
-        name: name.clone(),
         tls: Arc::new(SwitchableListener::new(labels, built.tls, &shared.metrics)),
         offload: shared.offload.clone(),
         limits: plan.limits.clone(),
@@ -352,7 +351,7 @@ fn start_listener(
         upstreams,
         health_check: lp.health_check.clone(),
     };
-    Ok((socket, Arc::new(ctx), fell_back))
+    Ok((socket, Arc::new(ctx)))
 }
 
 /// The admin listener bound, its token read, its TLS built (served by aws-lc-rs, whatever
@@ -485,8 +484,8 @@ async fn reload_on_file_change(
 /// Loads the QAT provider, or explains why not; `None` means software fallback was
 /// configured and is in effect.
 fn activate_qat(config: &QatConfig) -> Result<Option<Arc<QatState>>, StartupError> {
-    match qat::activate(config) {
-        Ok(state) => {
+    match qat::activate_per_fallback(config).map_err(StartupError::Qat)? {
+        Activation::Active(state) => {
             tracing::info!(
                 provider = %state.name,
                 signature_query = %state.property_query,
@@ -495,11 +494,10 @@ fn activate_qat(config: &QatConfig) -> Result<Option<Arc<QatState>>, StartupErro
             );
             Ok(Some(state))
         }
-        Err(e) if config.fallback == Fallback::Software => {
+        Activation::FellBack(e) => {
             tracing::warn!(error = %e, "QAT offload is off: openssl-qat listeners sign in software OpenSSL (qat.fallback = \"software\")");
             Ok(None)
         }
-        Err(e) => Err(StartupError::Qat(e)),
     }
 }
 

@@ -52,9 +52,8 @@ impl FileStamp {
 
 /// A further certificate of a listener, for clients that ask for one of its names.
 pub struct SniTls {
-    /// The names, lowercase, as configured (`*.example.com` wildcards included).
-    pub names: Vec<String>,
-    /// The rustls configuration serving this certificate.
+    /// The rustls configuration serving this certificate (for the names of the
+    /// [`SniPlan`](crate::plan::SniPlan) at the same position in the listener's plan).
     pub config: Arc<ServerConfig>,
     /// Metrics labelled with this certificate's algorithm.
     pub metrics: ListenerMetrics,
@@ -70,13 +69,12 @@ pub struct ListenerTls {
     pub config: Arc<ServerConfig>,
     /// Metrics labelled with this provider and algorithm.
     pub metrics: ListenerMetrics,
-    /// The provider in effect.
-    pub provider: ProviderName,
     /// The certificate's algorithm label.
     pub algorithm: &'static str,
     /// The certificate's notAfter, seconds since the epoch.
     pub not_after: i64,
-    /// Certificates chosen by server name; the one above serves every other name.
+    /// Certificates chosen by server name, in the order of `plan.sni`; the one above serves
+    /// every other name.
     pub sni: Vec<SniTls>,
     /// What this was built from, with the provider in effect and no fallback: what a
     /// reload builds again and a switch starts from.
@@ -88,20 +86,26 @@ impl ListenerTls {
     /// wildcard; `None`: the default certificate.
     pub fn sni_for(&self, server_name: Option<&str>) -> Option<&SniTls> {
         let name = server_name?;
-        self.sni
-            .iter()
-            .find(|s| {
-                s.names
+        let with_names = || self.sni.iter().zip(&self.plan.sni);
+        with_names()
+            .find(|(_, p)| {
+                p.names
                     .iter()
-                    .any(|p| !p.starts_with("*.") && p.eq_ignore_ascii_case(name))
+                    .any(|n| !n.starts_with("*.") && n.eq_ignore_ascii_case(name))
             })
             .or_else(|| {
-                self.sni.iter().find(|s| {
-                    s.names
+                with_names().find(|(_, p)| {
+                    p.names
                         .iter()
-                        .any(|p| crate::config::server_name_matches(p, name))
+                        .any(|n| crate::config::server_name_matches(n, name))
                 })
             })
+            .map(|(s, _)| s)
+    }
+
+    /// The provider in effect.
+    pub fn provider(&self) -> ProviderName {
+        self.plan.provider
     }
 
     /// The configuration for a client that asked for `server_name`.
@@ -119,7 +123,7 @@ impl ListenerTls {
 
     /// Handshakes wait for the asynchronous QAT signer (openssl-qat in effect).
     pub fn waits_for_signer(&self) -> bool {
-        self.provider == ProviderName::OpensslQat
+        self.plan.provider == ProviderName::OpensslQat
     }
 
     /// Publishes what this listener serves in the metrics: the default certificate's
@@ -129,7 +133,8 @@ impl ListenerTls {
         let listed: Vec<(String, &'static str, i64)> = self
             .sni
             .iter()
-            .map(|s| (s.names.join(","), s.algorithm, s.not_after))
+            .zip(&self.plan.sni)
+            .map(|(s, p)| (p.names.join(","), s.algorithm, s.not_after))
             .collect();
         metrics.set_sni_certificates(listener, &listed);
     }
@@ -227,7 +232,6 @@ pub fn build_listener_tls(
         }
         let algorithm = built.cert.algorithm.label();
         sni.push(SniTls {
-            names: entry.names.clone(),
             config: built.config,
             metrics: listener_metrics(algorithm),
             algorithm,
@@ -242,7 +246,6 @@ pub fn build_listener_tls(
         tls: ListenerTls {
             config: resolved.config,
             metrics: listener_metrics(algorithm),
-            provider,
             algorithm,
             not_after: resolved.cert.not_after,
             sni,
@@ -463,21 +466,21 @@ impl TlsSwitch {
         let new = built.tls;
         let old = l.current();
         new.publish(&self.metrics, &l.labels.name);
-        let (provider, algorithm) = (new.provider, new.algorithm);
+        let (provider, algorithm) = (new.provider(), new.algorithm);
         let certificate = new.plan.cert.display().to_string();
         l.current.store(Arc::new(new));
-        if (old.provider, old.algorithm) != (provider, algorithm) {
+        if (old.provider(), old.algorithm) != (provider, algorithm) {
             self.metrics.retire_listener_info(
                 &l.labels.name,
-                old.provider.as_str(),
+                old.provider().as_str(),
                 old.algorithm,
                 l.labels.mode,
-                tls::handshake_label(old.provider, l.labels.offload),
+                tls::handshake_label(old.provider(), l.labels.offload),
             );
         }
         tracing::info!(
             listener = %l.labels.name,
-            from_provider = old.provider.as_str(),
+            from_provider = old.provider().as_str(),
             from_algorithm = old.algorithm,
             provider = provider.as_str(),
             algorithm,

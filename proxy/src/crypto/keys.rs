@@ -247,7 +247,8 @@ pub(crate) fn load_cert_chain(
     Ok(chain)
 }
 
-fn load_private_key(path: &Path) -> Result<PrivateKeyDer<'static>, CryptoError> {
+/// Reads a PEM private key (PKCS#8, PKCS#1 or SEC1).
+pub(crate) fn load_private_key(path: &Path) -> Result<PrivateKeyDer<'static>, CryptoError> {
     let bytes = std::fs::read(path).map_err(|source| CryptoError::Read {
         what: "private key",
         path: path.to_owned(),

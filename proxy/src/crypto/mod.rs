@@ -12,7 +12,9 @@ mod provider;
 pub mod qat;
 
 pub use certgen::{generate_cert_set, CertAlgorithmName, GeneratedSet};
+pub(crate) use keys::{load_cert_chain, load_private_key};
 pub use keys::{load_certified_key, load_client_ca, load_roots, CertAlgorithm, LoadedCert};
+pub(crate) use provider::suite_rank;
 pub use provider::{KxGroupName, Provider, ProviderName};
 
 use std::path::PathBuf;

@@ -153,7 +153,7 @@ impl From<KxGroupName> for String {
 /// (Mozilla's recommended order starts with it) and cheaper per record than AES-256 (10
 /// AES rounds instead of 14), and its SHA-256 transcript hash runs on the SHA extensions
 /// where SHA-384 has no hardware path. The providers' own lists start with AES-256.
-fn suite_rank(suite: rustls::CipherSuite) -> u8 {
+pub(crate) fn suite_rank(suite: rustls::CipherSuite) -> u8 {
     use rustls::CipherSuite as C;
     match suite {
         C::TLS13_AES_128_GCM_SHA256 => 0,

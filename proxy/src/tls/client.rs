@@ -9,13 +9,13 @@ use std::sync::Arc;
 
 use rustls::client::danger::ServerCertVerifier;
 use rustls::client::Resumption;
-use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::version::{TLS12, TLS13};
 use rustls::{ClientConfig, RootCertStore, SupportedProtocolVersion};
 
 use crate::config::TlsVersion;
-use crate::crypto::{load_roots, CryptoError, KxGroupName, Provider, ProviderName};
+use crate::crypto::{
+    load_cert_chain, load_private_key, load_roots, CryptoError, KxGroupName, Provider, ProviderName,
+};
 
 /// What the client accepts as the server's certificate.
 #[derive(Clone, Debug)]
@@ -129,21 +129,10 @@ impl ClientTls {
                 .with_custom_certificate_verifier(v.clone()),
         };
         let mut config = match &self.client_auth {
-            Some((cert, key)) => {
-                let pem = |what: &'static str, path: &PathBuf, e: &dyn std::fmt::Display| {
-                    CryptoError::BadPem {
-                        what,
-                        path: path.clone(),
-                        reason: e.to_string(),
-                    }
-                };
-                let chain = CertificateDer::pem_file_iter(cert)
-                    .and_then(|i| i.collect::<Result<Vec<_>, _>>())
-                    .map_err(|e| pem("client certificate", cert, &e))?;
-                let key_der =
-                    PrivateKeyDer::from_pem_file(key).map_err(|e| pem("client key", key, &e))?;
-                builder.with_client_auth_cert(chain, key_der)?
-            }
+            Some((cert, key)) => builder.with_client_auth_cert(
+                load_cert_chain(cert, "client certificate")?,
+                load_private_key(key)?,
+            )?,
             None => builder.with_no_client_auth(),
         };
         config.alpn_protocols = self.alpn.clone();
@@ -154,16 +143,14 @@ impl ClientTls {
     }
 }
 
-/// The order clients ship with: AES-256-GCM, AES-128-GCM, ChaCha20-Poly1305, TLS 1.3
-/// before TLS 1.2.
+/// The order clients ship with: the provider's server order (`suite_rank`) with AES-256-GCM
+/// and AES-128-GCM swapped, in TLS 1.3 and in TLS 1.2.
 fn shipped_rank(suite: rustls::CipherSuite) -> u8 {
-    use rustls::CipherSuite as C;
-    match suite {
-        C::TLS13_AES_256_GCM_SHA384 => 0,
-        C::TLS13_AES_128_GCM_SHA256 => 1,
-        C::TLS13_CHACHA20_POLY1305_SHA256 => 2,
-        C::TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384 | C::TLS_ECDHE_RSA_WITH_AES_256_GCM_SHA384 => 3,
-        C::TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256 | C::TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256 => 4,
-        _ => 5,
+    match crate::crypto::suite_rank(suite) {
+        0 => 1,
+        1 => 0,
+        3 => 4,
+        4 => 3,
+        rank => rank,
     }
 }

@@ -299,6 +299,25 @@ pub fn active() -> Option<Arc<QatState>> {
     STATE.get().and_then(|r| r.as_ref().ok().cloned())
 }
 
+/// What activating the provider came to under `qat.fallback`.
+pub enum Activation {
+    /// The provider is active.
+    Active(Arc<QatState>),
+    /// It could not be activated and `qat.fallback = "software"`: openssl-qat listeners
+    /// sign in software OpenSSL, for this reason.
+    FellBack(QatError),
+}
+
+/// [`activate`], with `cfg.fallback` applied: the one place the process-wide fallback is
+/// decided, for `run` and `check-config` alike. An error means no fallback was allowed.
+pub fn activate_per_fallback(cfg: &QatConfig) -> Result<Activation, QatError> {
+    match activate(cfg) {
+        Ok(state) => Ok(Activation::Active(state)),
+        Err(e) if cfg.fallback == Fallback::Software => Ok(Activation::FellBack(e)),
+        Err(e) => Err(e),
+    }
+}
+
 /// Loads and activates the provider once per process (OpenSSL's default library context is
 /// process-wide); later calls return the first outcome.
 pub fn activate(cfg: &QatConfig) -> Result<Arc<QatState>, QatError> {

@@ -37,7 +37,7 @@ use crate::error_chain;
 use crate::io::{Activity, Quiet, QuietLimits, RequestGuard};
 use crate::metrics::ListenerMetrics;
 use crate::trust::TrustedProxies;
-use crate::upstream::{NodeLease, UpstreamPool};
+use crate::upstream::{NodeLease, UpstreamConnector, UpstreamPool};
 
 pub use body::{BodyReturn, CappedBody, RequestBodyError, ResponseBody, UpstreamSlot};
 pub use budget::{BufferBudget, WindowGrant};
@@ -65,7 +65,7 @@ const LINGER_DRAIN_MAX_BYTES: u64 = 256 * 1024 * 1024;
 /// Time allowed for that draining.
 const LINGER_DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
 
-type UpstreamClient = Client<HttpConnector, CappedBody>;
+type UpstreamClient = Client<UpstreamConnector, CappedBody>;
 
 /// Everything the request path of one listener shares.
 pub struct HttpForwarder {
@@ -120,7 +120,7 @@ impl HttpForwarder {
             .pool_max_idle_per_host(UPSTREAM_POOL_MAX_IDLE)
             .pool_timer(TokioTimer::new())
             .http1_max_buf_size(crate::config::UPSTREAM_WRITE_BUFFER)
-            .build(connector.clone());
+            .build(UpstreamConnector::new(connector.clone(), false));
         let h2c = Client::builder(TokioExecutor::new())
             .http2_only(true)
             .http2_initial_stream_window_size(H2_STREAM_WINDOW)
@@ -129,7 +129,7 @@ impl HttpForwarder {
             .pool_idle_timeout(UPSTREAM_POOL_IDLE_TIMEOUT)
             .pool_timer(TokioTimer::new())
             .timer(TokioTimer::new())
-            .build(connector);
+            .build(UpstreamConnector::new(connector, true));
         let quiet = QuietLimits {
             // A connection that never sent a request is idle too: it gets no longer than one
             // that has (a short --idle-timeout alone must close silent connections).

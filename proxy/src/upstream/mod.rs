@@ -9,6 +9,7 @@
 //! checks may be stale, and an immediate 502 helps nobody more than an attempt does.
 
 mod addr;
+mod coalesce;
 pub mod health;
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
@@ -19,6 +20,7 @@ use prometheus::{IntCounter, IntGauge};
 use tokio::time::Instant;
 
 pub use addr::UpstreamAddr;
+pub use coalesce::{UpstreamConnector, UpstreamIo, COALESCE_MAX};
 
 use crate::config::{Balance, HealthCheckConfig};
 use crate::metrics::{ListenerMetrics, NodeMetrics};

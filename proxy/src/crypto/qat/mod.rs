@@ -257,6 +257,17 @@ pub enum QatError {
     NotOffloading(String),
 }
 
+/// Whether `/proc/cpuinfo` lists CPU flags without `avx512ifma` (false when unreadable).
+/// Read only when a signature failed inside the provider, to name the likely cause: qat_sw's
+/// multi-buffer RSA and ECDSA (crypto_mb) need AVX-512 IFMA.
+fn cpu_lacks_avx512_ifma() -> bool {
+    std::fs::read_to_string("/proc/cpuinfo").is_ok_and(|info| {
+        info.lines()
+            .find(|l| l.starts_with("flags"))
+            .is_some_and(|flags| !flags.split_whitespace().any(|f| f == "avx512ifma"))
+    })
+}
+
 /// Where the provider's settings came from.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum SettingsSource {
@@ -526,8 +537,15 @@ impl QatState {
             let one = result.map_err(|e| {
                 QatError::NotOffloading(format!(
                     "start-up proof failed: a {operation} signature with {} failed inside the provider, \
-                     not because of the key or certificate: {e}",
-                    key_path.display()
+                     not because of the key or certificate: {e}{}",
+                    key_path.display(),
+                    if cpu_lacks_avx512_ifma() {
+                        "; note: this CPU has no AVX-512 IFMA, which QAT_Engine's software mode \
+                         (qat_sw) needs for RSA and ECDSA, yet v1.8 enables qat_sw on any CPU with \
+                         VAES and AVX2 (QAT hardware does not need it)"
+                    } else {
+                        ""
+                    }
                 ))
             })?;
             all_paused &= one.paused;

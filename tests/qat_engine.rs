@@ -51,10 +51,8 @@ fn modules(build: &str) -> String {
 /// enables qat_sw on a CPU with only AVX2 and VAES, and every signature then fails inside
 /// the provider. Say so instead of failing on a proxy that (rightly) refuses to start.
 fn require_avx512_ifma() {
-    let info = std::fs::read_to_string("/proc/cpuinfo").expect("/proc/cpuinfo");
-    let flags = info.lines().find(|l| l.starts_with("flags")).unwrap_or("");
     assert!(
-        flags.split_whitespace().any(|f| f == "avx512ifma"),
+        !proxy::crypto::qat::cpu_lacks_avx512_ifma(),
         "this CPU has no AVX-512 IFMA: QAT_Engine's qat_sw cannot sign RSA or ECDSA here \
          (crypto_mb's multi-buffer code needs it), so this test cannot run on this machine; \
          run it on an Intel Xeon from Ice Lake on, or an AMD EPYC from Zen 4 on"

@@ -20,7 +20,7 @@ use prometheus::{IntCounter, IntGauge};
 use tokio::time::Instant;
 
 pub use addr::UpstreamAddr;
-pub use coalesce::{UpstreamConnector, UpstreamIo, COALESCE_MAX};
+pub use coalesce::UpstreamConnector;
 
 use crate::config::{Balance, HealthCheckConfig};
 use crate::metrics::{ListenerMetrics, NodeMetrics};

@@ -258,9 +258,9 @@ pub enum QatError {
 }
 
 /// Whether `/proc/cpuinfo` lists CPU flags without `avx512ifma` (false when unreadable).
-/// Read only when a signature failed inside the provider, to name the likely cause: qat_sw's
-/// multi-buffer RSA and ECDSA (crypto_mb) need AVX-512 IFMA.
-fn cpu_lacks_avx512_ifma() -> bool {
+/// The proxy reads it only when a signature failed inside the provider, to name the likely
+/// cause: qat_sw's multi-buffer RSA and ECDSA (crypto_mb) need AVX-512 IFMA.
+pub fn cpu_lacks_avx512_ifma() -> bool {
     std::fs::read_to_string("/proc/cpuinfo").is_ok_and(|info| {
         info.lines()
             .find(|l| l.starts_with("flags"))

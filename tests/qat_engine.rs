@@ -273,3 +273,76 @@ fn the_provider_reads_the_settings_the_proxy_writes() {
     assert!(text.contains("no signature within 10 s"), "{text}");
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// Software OpenSSL in a process where the QAT provider is loaded keeps working: a plain
+/// `openssl` RSA listener beside an openssl-qat one starts (its start-up key check
+/// verifies outside qatprovider) and serves handshakes whose signature the client
+/// verifies, over TLS 1.3 and 1.2. Before the fix, on a CPU where qat_sw cannot do RSA (no
+/// AVX-512 IFMA), it refused to start: "private key ... does not match certificate", as
+/// RSA verification ran in qatprovider. Runs on any CPU: the openssl-qat listener may fall
+/// back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the QAT_Engine qat_sw fixture: tests/qat/build-qat-sw.sh"]
+async fn software_openssl_listeners_beside_qat_start_and_serve_rsa() {
+    let modules = fixture().join("lib/ossl-modules");
+    let upstream = EchoUpstream::start();
+    let (qat_cert, qat_key) = server_cert(CertAlgorithmName::EcdsaP256);
+    let (rsa_cert, rsa_key) = server_cert(CertAlgorithmName::Rsa2048);
+    let dir = temp_dir("qat-beside-software");
+    let config = dir.join("proxy.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "provider = \"openssl\"\n\
+             [qat]\nmodule_path = \"{}\"\nfallback = \"software\"\n\
+             [[listener]]\nname = \"qat\"\nprovider = \"openssl-qat\"\nlisten = \"127.0.0.1:0\"\n\
+             cert = \"{}\"\nkey = \"{}\"\nupstream = \"{}\"\n\
+             [[listener]]\nname = \"software\"\nlisten = \"127.0.0.1:0\"\n\
+             cert = \"{}\"\nkey = \"{}\"\nupstream = \"{}\"\n",
+            modules.display(),
+            qat_cert.display(),
+            qat_key.display(),
+            upstream.url(),
+            rsa_cert.display(),
+            rsa_key.display(),
+            upstream.url(),
+        ),
+    )
+    .unwrap();
+    let proxy = ProxyProcess::start_raw(&["--config".to_owned(), config.display().to_string()]);
+    let software = proxy.listener("software");
+    for tls13 in [true, false] {
+        let client = client_config(&ClientOpts {
+            tls13,
+            tls12: !tls13,
+            ..ClientOpts::default()
+        });
+        let answer = request_bounded(software, client, "GET", "/", &[], Bytes::new())
+            .await
+            .unwrap_or_else(|e| {
+                panic!(
+                    "TLS 1.{}: {e}\n{}",
+                    if tls13 { 3 } else { 2 },
+                    proxy.log_text()
+                )
+            });
+        assert_eq!(answer.status, 200);
+    }
+    let m = proxy.metrics();
+    for version in ["1.3", "1.2"] {
+        assert_eq!(
+            metric_value(
+                &m,
+                "proxy_tls_handshakes_total",
+                &[
+                    ("listener", "software"),
+                    ("provider", "openssl"),
+                    ("tls_version", version),
+                    ("outcome", "ok")
+                ]
+            ),
+            Some(1.0),
+            "{m}"
+        );
+    }
+}

@@ -175,6 +175,19 @@ pub struct Provider {
     crypto: Arc<CryptoProvider>,
 }
 
+/// Signature verification (client certificates, the start-up key check) for OpenSSL
+/// listeners while the QAT provider is loaded: aws-lc-rs's. rustls-openssl verifies with
+/// fetches that carry no property query, and with QAT_Engine loaded its RSA verification
+/// was measured to run inside the QAT provider despite the process's `?provider=default`
+/// preference (signing was not: handshakes verified by `openssl s_client` came out right).
+/// Where qat_sw cannot do RSA (no AVX-512 IFMA) every verification failed, so a plain
+/// openssl RSA listener beside an openssl-qat one refused to start ("key does not match
+/// certificate"). Verification is public-key work off the signing path, so it leaves
+/// OpenSSL rather than depend on how OpenSSL 3.0 picks the provider of a public key.
+fn verification_beside_qat() -> rustls::crypto::WebPkiSupportedAlgorithms {
+    rustls::crypto::aws_lc_rs::default_provider().signature_verification_algorithms
+}
+
 impl Provider {
     /// Builds the named provider with exactly `kx_groups`, in that order of preference.
     ///
@@ -192,10 +205,13 @@ impl Provider {
                     rustls::crypto::aws_lc_rs::default_provider(),
                     rustls::crypto::aws_lc_rs::ALL_KX_GROUPS.to_vec(),
                 ),
-                ProviderName::Openssl => (
-                    rustls_openssl::default_provider(),
-                    rustls_openssl::kx_group::available_groups(),
-                ),
+                ProviderName::Openssl => {
+                    let mut crypto = rustls_openssl::default_provider();
+                    if super::qat::active().is_some() {
+                        crypto.signature_verification_algorithms = verification_beside_qat();
+                    }
+                    (crypto, rustls_openssl::kx_group::available_groups())
+                }
                 // rustls-openssl for everything (record layer, key exchange, verification on
                 // OpenSSL's default provider) except the server's signature, which the QAT
                 // key provider sends to the QAT provider through the asynchronous signer.
@@ -208,6 +224,7 @@ impl Provider {
                     }
                     let mut crypto = rustls_openssl::default_provider();
                     crypto.key_provider = &super::qat::key::QAT_KEY_PROVIDER;
+                    crypto.signature_verification_algorithms = verification_beside_qat();
                     (crypto, rustls_openssl::kx_group::available_groups())
                 }
             };

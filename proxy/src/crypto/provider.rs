@@ -205,16 +205,14 @@ impl Provider {
                     rustls::crypto::aws_lc_rs::default_provider(),
                     rustls::crypto::aws_lc_rs::ALL_KX_GROUPS.to_vec(),
                 ),
-                ProviderName::Openssl => {
-                    let mut crypto = rustls_openssl::default_provider();
-                    if super::qat::active().is_some() {
-                        crypto.signature_verification_algorithms = verification_beside_qat();
-                    }
-                    (crypto, rustls_openssl::kx_group::available_groups())
-                }
-                // rustls-openssl for everything (record layer, key exchange, verification on
-                // OpenSSL's default provider) except the server's signature, which the QAT
-                // key provider sends to the QAT provider through the asynchronous signer.
+                ProviderName::Openssl => (
+                    rustls_openssl::default_provider(),
+                    rustls_openssl::kx_group::available_groups(),
+                ),
+                // rustls-openssl for everything (record layer, key exchange on OpenSSL's
+                // default provider) except the server's signature, which the QAT key
+                // provider sends to the QAT provider through the asynchronous signer, and
+                // verification (below).
                 ProviderName::OpensslQat => {
                     if super::qat::active().is_none() {
                         return Err(CryptoError::ProviderUnavailable {
@@ -224,10 +222,13 @@ impl Provider {
                     }
                     let mut crypto = rustls_openssl::default_provider();
                     crypto.key_provider = &super::qat::key::QAT_KEY_PROVIDER;
-                    crypto.signature_verification_algorithms = verification_beside_qat();
                     (crypto, rustls_openssl::kx_group::available_groups())
                 }
             };
+        let uses_openssl = matches!(name, ProviderName::Openssl | ProviderName::OpensslQat);
+        if uses_openssl && super::qat::active().is_some() {
+            crypto.signature_verification_algorithms = verification_beside_qat();
+        }
         if !kx_groups.is_empty() {
             let mut pinned = Vec::with_capacity(kx_groups.len());
             for wanted in kx_groups {

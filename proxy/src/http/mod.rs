@@ -120,7 +120,7 @@ impl HttpForwarder {
             .pool_max_idle_per_host(UPSTREAM_POOL_MAX_IDLE)
             .pool_timer(TokioTimer::new())
             .http1_max_buf_size(crate::config::UPSTREAM_WRITE_BUFFER)
-            .build(UpstreamConnector::new(connector.clone(), false));
+            .build(UpstreamConnector::http1(connector.clone()));
         let h2c = Client::builder(TokioExecutor::new())
             .http2_only(true)
             .http2_initial_stream_window_size(H2_STREAM_WINDOW)
@@ -129,7 +129,7 @@ impl HttpForwarder {
             .pool_idle_timeout(UPSTREAM_POOL_IDLE_TIMEOUT)
             .pool_timer(TokioTimer::new())
             .timer(TokioTimer::new())
-            .build(UpstreamConnector::new(connector, true));
+            .build(UpstreamConnector::h2c(connector));
         let quiet = QuietLimits {
             // A connection that never sent a request is idle too: it gets no longer than one
             // that has (a short --idle-timeout alone must close silent connections).

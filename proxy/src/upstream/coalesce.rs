@@ -34,29 +34,33 @@ use tokio::net::TcpStream;
 /// The most an h2c connection gathers before writing: 8 of the 16 KiB frames an upstream
 /// usually allows. One such buffer per h2c upstream connection (one per node: h2c
 /// multiplexes every request over it), so it is outside the request buffer budget.
-pub const COALESCE_MAX: usize = 128 * 1024;
+const COALESCE_MAX: usize = 128 * 1024;
 
 /// Connects to upstream nodes; h2c connections coalesce their writes (module docs).
 #[derive(Clone)]
 pub struct UpstreamConnector {
     tcp: HttpConnector,
-    coalesce: bool,
+    gather: bool,
 }
 
 impl UpstreamConnector {
-    /// `coalesce`: gather writes (h2c); otherwise the socket is used as it is.
-    pub fn new(tcp: HttpConnector, coalesce: bool) -> Self {
-        Self { tcp, coalesce }
+    /// For HTTP/1.1 upstreams: the socket is used as it is.
+    pub fn http1(tcp: HttpConnector) -> Self {
+        Self { tcp, gather: false }
+    }
+
+    /// For h2c upstreams: writes are gathered.
+    pub fn h2c(tcp: HttpConnector) -> Self {
+        Self { tcp, gather: true }
     }
 }
 
-type ConnectFuture = Pin<
-    Box<dyn Future<Output = Result<UpstreamIo, Box<dyn std::error::Error + Send + Sync>>> + Send>,
->;
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+type ConnectFuture = Pin<Box<dyn Future<Output = Result<UpstreamIo, BoxError>> + Send>>;
 
 impl tower_service::Service<Uri> for UpstreamConnector {
     type Response = UpstreamIo;
-    type Error = Box<dyn std::error::Error + Send + Sync>;
+    type Error = BoxError;
     type Future = ConnectFuture;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
@@ -65,11 +69,11 @@ impl tower_service::Service<Uri> for UpstreamConnector {
 
     fn call(&mut self, dst: Uri) -> Self::Future {
         let connecting = self.tcp.call(dst);
-        let coalesce = self.coalesce;
+        let gather = self.gather;
         // One allocation per upstream connection; connections are pooled.
         Box::pin(async move {
             let io = connecting.await?;
-            Ok(UpstreamIo::new(io, coalesce))
+            Ok(UpstreamIo::new(io, gather))
         })
     }
 }
@@ -123,6 +127,16 @@ impl UpstreamIo {
         }
         Poll::Ready(Ok(len <= COALESCE_MAX))
     }
+
+    /// Gathers `bufs` (room made first); returns their length.
+    fn take(&mut self, bufs: &[io::IoSlice<'_>]) -> usize {
+        let before = self.buf.len();
+        for b in bufs {
+            self.buf.extend_from_slice(b);
+        }
+        self.fresh = true;
+        self.buf.len() - before
+    }
 }
 
 impl Read for UpstreamIo {
@@ -143,9 +157,7 @@ impl Write for UpstreamIo {
     ) -> Poll<io::Result<usize>> {
         let this = &mut *self;
         if this.gather && ready!(this.poll_room(cx, data.len()))? {
-            this.buf.extend_from_slice(data);
-            this.fresh = true;
-            return Poll::Ready(Ok(data.len()));
+            return Poll::Ready(Ok(this.take(&[io::IoSlice::new(data)])));
         }
         Pin::new(&mut this.inner).poll_write(cx, data)
     }
@@ -158,11 +170,7 @@ impl Write for UpstreamIo {
         let this = &mut *self;
         let len: usize = bufs.iter().map(|b| b.len()).sum();
         if this.gather && ready!(this.poll_room(cx, len))? {
-            for b in bufs {
-                this.buf.extend_from_slice(b);
-            }
-            this.fresh = true;
-            return Poll::Ready(Ok(len));
+            return Poll::Ready(Ok(this.take(bufs)));
         }
         Pin::new(&mut this.inner).poll_write_vectored(cx, bufs)
     }

@@ -28,9 +28,12 @@ const RST_STREAM: u8 = 0x3;
 const SETTINGS: u8 = 0x4;
 const PING: u8 = 0x6;
 const GOAWAY: u8 = 0x7;
+const WINDOW_UPDATE: u8 = 0x8;
 const END_STREAM: u8 = 0x1;
 const END_HEADERS: u8 = 0x4;
 const SETTINGS_INITIAL_WINDOW_SIZE: u16 = 0x4;
+const SETTINGS_MAX_FRAME_SIZE: u16 = 0x5;
+const FRAME_SIZE_ERROR: u32 = 0x6;
 const ENHANCE_YOUR_CALM: u32 = 0xb;
 
 fn frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
@@ -63,6 +66,10 @@ fn get_headers(stream: u32, path: &str) -> Vec<u8> {
 /// What a raw client saw of the server until it closed or `limit` passed.
 #[derive(Debug, Default)]
 struct Seen {
+    /// SETTINGS_MAX_FRAME_SIZE of the server's first SETTINGS (16384 if it sent none).
+    max_frame_size: Option<u32>,
+    /// The connection window the server opened: 65,535 plus its stream-0 WINDOW_UPDATEs.
+    connection_window: u64,
     goaway_codes: Vec<u32>,
     pings: usize,
     data_bytes: usize,
@@ -72,7 +79,10 @@ struct Seen {
 /// Reads frames (answering nothing) until the server closes or `limit` passes.
 async fn watch(reader: &mut (impl tokio::io::AsyncRead + Unpin), limit: Duration) -> Seen {
     let started = Instant::now();
-    let mut seen = Seen::default();
+    let mut seen = Seen {
+        connection_window: 65_535,
+        ..Seen::default()
+    };
     let mut buf = Vec::new();
     let mut chunk = vec![0u8; 64 * 1024];
     loop {
@@ -97,6 +107,19 @@ async fn watch(reader: &mut (impl tokio::io::AsyncRead + Unpin), limit: Duration
                     payload[4..8].try_into().expect("GOAWAY has an error code"),
                 )),
                 PING if buf[4] & 0x1 == 0 => seen.pings += 1,
+                SETTINGS if buf[4] & 0x1 == 0 && seen.max_frame_size.is_none() => {
+                    let advertised = payload
+                        .chunks_exact(6)
+                        .find(|p| p[..2] == SETTINGS_MAX_FRAME_SIZE.to_be_bytes())
+                        .map(|p| u32::from_be_bytes(p[2..6].try_into().expect("4 bytes")));
+                    seen.max_frame_size = Some(advertised.unwrap_or(16_384));
+                }
+                WINDOW_UPDATE if buf[5..9] == [0, 0, 0, 0] => {
+                    seen.connection_window += u64::from(
+                        u32::from_be_bytes(payload[..4].try_into().expect("an increment"))
+                            & 0x7fff_ffff,
+                    );
+                }
                 DATA => seen.data_bytes += len,
                 _ => {}
             }
@@ -620,6 +643,64 @@ async fn paced_rapid_reset_closes_the_connection_and_cancels_upstream_requests()
 // ---------------------------------------------------------------------------------------
 // 4. Bounded memory
 
+/// Clients may send frames up to `limits.h2_max_frame_size` (1 MiB by default: an upsert
+/// then crosses the proxy as one chunk), but h2 buffers a frame whole whatever its type, so
+/// a larger one is refused, and a connection is offered large frames only out of its share
+/// of the request buffer budget: when the floors take the whole budget it gets the
+/// protocol's 16 KiB and 64 KiB window.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn frames_are_offered_within_the_buffer_budget_and_larger_ones_refused() {
+    async fn opened(addr: SocketAddr) -> TlsStream<TcpStream> {
+        let mut tls = h2_connect(addr).await;
+        tls.write_all(PREFACE).await.unwrap();
+        tls.write_all(&settings(&[])).await.unwrap();
+        tls
+    }
+    let upstream = EchoUpstream::start();
+    let proxy = proxy_in_front_of(&upstream.url(), &[]);
+    let seen = watch(&mut opened(proxy.addr).await, Duration::from_millis(500)).await;
+    assert_eq!(seen.max_frame_size, Some(1 << 20), "{seen:?}");
+    assert!(seen.connection_window >= 1 << 20, "{seen:?}");
+
+    // One byte over what was advertised, of a type h2 would otherwise skip unread.
+    let mut tls = opened(proxy.addr).await;
+    let len = (1u32 << 20) + 1;
+    let head = [
+        (len >> 16) as u8,
+        (len >> 8) as u8,
+        len as u8,
+        0xfa,
+        0,
+        0,
+        0,
+        0,
+        0,
+    ];
+    tls.write_all(&head).await.unwrap();
+    let seen = watch(&mut tls, WAIT).await;
+    assert!(seen.goaway_codes.contains(&FRAME_SIZE_ERROR), "{seen:?}");
+
+    let tight = proxy::config::Limits {
+        max_connections: 10,
+        max_upstream_requests: 1,
+        ..proxy::config::Limits::default()
+    };
+    let proxy = proxy_in_front_of(
+        &upstream.url(),
+        &[
+            "--max-connections",
+            "10",
+            "--max-upstream-requests",
+            "1",
+            "--request-buffer-budget",
+            &tight.request_buffer_floors().to_string(),
+        ],
+    );
+    let seen = watch(&mut opened(proxy.addr).await, Duration::from_millis(500)).await;
+    assert_eq!(seen.max_frame_size, Some(16_384), "{seen:?}");
+    assert_eq!(seen.connection_window, 65_535, "{seen:?}");
+}
+
 /// 1,000 HTTP/2 connections each push a 4 MiB body at an upstream that reads nothing. The
 /// proxy takes in no more than its request buffer budget (the windows it grants say so to
 /// the clients), and its memory grows by no more than that.
@@ -638,6 +719,10 @@ async fn a_thousand_connections_pushing_at_a_stalled_upstream_stay_within_the_bu
             "1000",
             "--request-buffer-budget",
             &BUDGET.to_string(),
+            // These clients send 64 KiB chunks, so frames that size are all they use; the
+            // upstream requests' floors then count 64 KiB frames and fit the budget.
+            "--h2-max-frame-size",
+            "65536",
         ],
     );
     let mut senders = Vec::with_capacity(CONNECTIONS);
@@ -732,6 +817,7 @@ fn proxy_rss(proxy: &ProxyProcess) -> u64 {
 }
 
 // ---------------------------------------------------------------------------------------
+
 // 5. The admin listener
 
 /// 200 admin connections with unfinished request heads stayed open forever; now at most
@@ -1005,7 +1091,6 @@ fn hpack_length(out: &mut Vec<u8>, mut n: usize) {
 }
 
 const CONTINUATION: u8 = 0x9;
-const WINDOW_UPDATE: u8 = 0x8;
 
 /// Each HTTP/2 flood from the list of attacks the proxy already stopped, on its own
 /// connection, against an upstream that counts what reaches it: the attacking connection

@@ -206,3 +206,57 @@ async fn tcp_mode_splices_bytes() {
     let received = metric_value(&m, "proxy_received_bytes_total", &[]).unwrap();
     assert!(received > body.len() as f64, "{m}");
 }
+
+/// A request that ends its connection (HTTP/1.1 `Connection: close`, HTTP/1.0 without
+/// keep-alive) gets its whole response, small or larger than a TLS record, and then a TLS
+/// close_notify: rustls reports a close without close_notify as an error, so `read_to_end`
+/// succeeding is the clean close.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn closing_requests_get_the_whole_response_then_close_notify() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    for (size, request) in [
+        (
+            2,
+            "GET /a HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n",
+        ),
+        (
+            300 * 1024,
+            "GET /b HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n",
+        ),
+        (300 * 1024, "GET /c HTTP/1.0\r\nHost: localhost\r\n\r\n"),
+    ] {
+        let body = big_body().slice(..size);
+        let upstream = StaticAnswer::start(body.to_vec());
+        let proxy = ProxyProcess::start(
+            &upstream.url(),
+            ProviderName::AwsLcRs,
+            CertAlgorithmName::EcdsaP256,
+            &[],
+        );
+        let cfg = client_config(&ClientOpts::default());
+        let mut tls = tls_connect(proxy.addr, cfg).await.unwrap();
+        tls.write_all(request.as_bytes()).await.unwrap();
+        let mut answer = Vec::new();
+        tokio::time::timeout(WAIT, tls.read_to_end(&mut answer))
+            .await
+            .expect("the proxy closes the connection")
+            .unwrap_or_else(|e| panic!("{request:?}: not a clean TLS close: {e}"));
+        let head_end = answer
+            .windows(4)
+            .position(|w| w == b"\r\n\r\n")
+            .expect("a response head")
+            + 4;
+        let head = String::from_utf8_lossy(&answer[..head_end]);
+        // hyper answers an HTTP/1.0 request in HTTP/1.0.
+        assert!(
+            head.get(8..).is_some_and(|s| s.starts_with(" 200")),
+            "{head}"
+        );
+        assert_eq!(
+            &answer[head_end..],
+            &body[..],
+            "{request:?}: the whole body"
+        );
+    }
+}

@@ -181,6 +181,9 @@ pub struct Overrides {
     /// Request bytes the proxy may hold across all connections.
     #[arg(long, value_name = "BYTES")]
     request_buffer_budget: Option<u64>,
+    /// The largest HTTP/2 frame clients may send (16384 to 16777215).
+    #[arg(long, value_name = "BYTES")]
+    h2_max_frame_size: Option<u32>,
     /// A peer (address or CIDR block) that is a proxy itself and may set X-Forwarded-For;
     /// repeatable.
     #[arg(long = "trusted-proxy", value_name = "CIDR")]
@@ -354,6 +357,9 @@ fn apply_process_flags(cfg: &mut Config, o: &Overrides) {
     }
     if let Some(n) = o.max_upstream_requests {
         cfg.limits.max_upstream_requests = n;
+    }
+    if let Some(n) = o.h2_max_frame_size {
+        cfg.limits.h2_max_frame_size = n;
     }
     if let Some(n) = o.request_buffer_budget {
         cfg.limits.request_buffer_budget_bytes = Some(n);

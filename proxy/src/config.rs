@@ -38,6 +38,15 @@ pub const DEFAULT_UPSTREAM_RESPONSE_TIMEOUT: Duration = Duration::from_secs(60);
 /// HTTP/2 streams per client connection; gRPC clients multiplex, and this bounds the
 /// work one connection can queue.
 pub const DEFAULT_H2_MAX_CONCURRENT_STREAMS: u32 = 256;
+/// The largest HTTP/2 frame a client may send (SETTINGS_MAX_FRAME_SIZE). Clients send
+/// DATA frames as large as the server allows, and each frame is one body chunk through
+/// the proxy. At the protocol's default 16 KiB (and at 64 or 256 KiB) an 800 KB upsert
+/// over h2 cost about a third more CPU per MB in `loadgen bench` than with 1 MiB, where
+/// it fits one frame: the profile showed the difference in copying the decrypted records
+/// and faulting in fresh buffer pages. nginx advertises 16 MiB. A frame is buffered whole
+/// whatever its type, so connections are offered it only out of their request buffer
+/// grant, and every upstream request's floor counts one such frame in hand.
+pub const DEFAULT_H2_MAX_FRAME_SIZE: u32 = 1024 * 1024;
 /// In-flight requests get this long to finish after SIGTERM.
 pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
 /// A connection that has sent no request this long after its handshake (or the idle timeout,
@@ -65,7 +74,7 @@ pub const DEFAULT_H2_KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(20);
 /// RESOURCE_EXHAUSTED) at once. HTTP/1.1 upstreams get one connection per request in
 /// flight, so this also caps their connections. Qdrant serves a few hundred concurrent
 /// requests per node well; thousands only queue inside it. With the default connection
-/// limit, the floors of both fit the default request buffer budget.
+/// limit, the floors of both fit the default request buffer budget derived from them.
 pub const DEFAULT_MAX_UPSTREAM_REQUESTS: usize = 512;
 /// Streams a client may cancel before completion (h2 RST_STREAM) before its connection is
 /// closed, once they are also half of its streams: rapid reset at any pace
@@ -75,8 +84,8 @@ pub const DEFAULT_H2_MAX_RESET_STREAMS: u64 = 100;
 /// HTTP/1.1 read buffers, bodies on their way upstream); enforced by the flow-control
 /// windows it advertises, so clients are slowed, never buffered beyond it. When not set:
 /// this, or if more, what `max_connections` (64 KiB each) and `max_upstream_requests`
-/// (464 KiB each) need at their floors plus an eighth of this for larger windows (see
-/// [`Limits::request_buffer_budget`]).
+/// (400 KiB and one frame each: 1.4 MiB by default) need at their floors plus an eighth of
+/// this for larger windows (see [`Limits::request_buffer_budget`]).
 pub const DEFAULT_REQUEST_BUFFER_BUDGET: u64 = 1024 * 1024 * 1024;
 
 /// The whole proxy configuration.
@@ -201,6 +210,8 @@ pub struct Limits {
     pub upstream_response_timeout: Duration,
     /// See [`DEFAULT_H2_MAX_CONCURRENT_STREAMS`].
     pub h2_max_concurrent_streams: u32,
+    /// See [`DEFAULT_H2_MAX_FRAME_SIZE`].
+    pub h2_max_frame_size: u32,
     /// See [`DEFAULT_SHUTDOWN_GRACE`].
     #[serde(with = "humantime_serde")]
     pub shutdown_grace: Duration,
@@ -244,9 +255,8 @@ pub const CONNECTION_BUFFER_FLOOR: u64 = 65_535;
 /// explicitly because the budget counts on it: 64 KiB made 800 KB uploads take more
 /// writes, ~10 % more CPU per MB and ~5 % more latency in `loadgen bench`.
 pub const UPSTREAM_WRITE_BUFFER: usize = 400 * 1024;
-/// Request bytes one upstream request can hold: the write queue and one received frame or
-/// read chunk in hand.
-pub const UPSTREAM_REQUEST_BUFFER_FLOOR: u64 = UPSTREAM_WRITE_BUFFER as u64 + 64 * 1024;
+/// The largest read chunk an HTTP/1.1 request body is handed upstream in.
+const HTTP1_CHUNK_FLOOR: u64 = 64 * 1024;
 
 impl Limits {
     /// Bytes of the request buffer budget set aside for every connection's and upstream
@@ -254,7 +264,13 @@ impl Limits {
     pub fn request_buffer_floors(&self) -> u64 {
         let per_connection = CONNECTION_BUFFER_FLOOR.max(self.max_header_bytes as u64);
         (self.max_connections as u64).saturating_mul(per_connection)
-            + (self.max_upstream_requests as u64).saturating_mul(UPSTREAM_REQUEST_BUFFER_FLOOR)
+            + (self.max_upstream_requests as u64).saturating_mul(self.upstream_request_floor())
+    }
+
+    /// Request bytes one upstream request can hold: hyper's write queue and one received
+    /// frame (HTTP/2 releases a frame's window as soon as it is handed on) or read chunk.
+    pub fn upstream_request_floor(&self) -> u64 {
+        UPSTREAM_WRITE_BUFFER as u64 + HTTP1_CHUNK_FLOOR.max(u64::from(self.h2_max_frame_size))
     }
 
     /// The request buffer budget in effect: the configured one, or the default grown to
@@ -280,6 +296,7 @@ impl Default for Limits {
             upstream_connect_timeout: DEFAULT_UPSTREAM_CONNECT_TIMEOUT,
             upstream_response_timeout: DEFAULT_UPSTREAM_RESPONSE_TIMEOUT,
             h2_max_concurrent_streams: DEFAULT_H2_MAX_CONCURRENT_STREAMS,
+            h2_max_frame_size: DEFAULT_H2_MAX_FRAME_SIZE,
             shutdown_grace: DEFAULT_SHUTDOWN_GRACE,
             first_request_timeout: DEFAULT_FIRST_REQUEST_TIMEOUT,
             stall_timeout: DEFAULT_STALL_TIMEOUT,

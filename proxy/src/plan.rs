@@ -293,13 +293,21 @@ fn limits_problems(l: &Limits, problems: &mut Vec<String>) {
     if l.max_upstream_requests == 0 {
         problems.push("limits.max_upstream_requests must be at least 1".to_owned());
     }
+    // RFC 9113 6.5.2: SETTINGS_MAX_FRAME_SIZE is between 2^14 and 2^24 - 1.
+    if !(16_384..=16_777_215).contains(&l.h2_max_frame_size) {
+        problems.push(format!(
+            "limits.h2_max_frame_size = {} must be between 16384 and 16777215 (RFC 9113)",
+            l.h2_max_frame_size
+        ));
+    }
     let floors = l.request_buffer_floors();
     if floors > l.request_buffer_budget() {
         problems.push(format!(
-            "limits.request_buffer_budget = {} bytes cannot hold the floors of limits.max_connections = {} connections (64 KiB or max_header_bytes each) and limits.max_upstream_requests = {} upstream requests (464 KiB each): {floors} bytes; raise the budget or lower the limits",
+            "limits.request_buffer_budget = {} bytes cannot hold the floors of limits.max_connections = {} connections (64 KiB or max_header_bytes each) and limits.max_upstream_requests = {} upstream requests ({} bytes each: a 400 KiB write queue and a frame of limits.h2_max_frame_size): {floors} bytes; raise the budget or lower the limits",
             l.request_buffer_budget(),
             l.max_connections,
-            l.max_upstream_requests
+            l.max_upstream_requests,
+            l.upstream_request_floor()
         ));
     }
 }

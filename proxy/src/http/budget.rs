@@ -6,10 +6,14 @@
 //! - an HTTP/1.1 connection: hyper's read buffer, capped at `max_header_bytes` (hyper reads
 //!   the body only as fast as the upstream takes it);
 //! - an HTTP/2 connection: its connection receive window (data the client may send before
-//!   the proxy consumes it); every connection is promised the protocol's minimum of 64 KiB
-//!   and may get up to 16 MiB more, granted here from what the budget has left;
+//!   the proxy consumes it) and the frame it is reading (h2 buffers a frame whole before it
+//!   looks at it, whatever its type, so a frame is not bounded by the window); every
+//!   connection is promised the protocol's minimum window of 64 KiB and its default frame
+//!   of 16 KiB, and may get up to 16 MiB more, granted here from what the budget has left,
+//!   shared between a larger window and larger frames ([`WindowGrant`]);
 //! - a request on its way upstream: hyper's client write queue (capped at
-//!   [`crate::config::UPSTREAM_WRITE_BUFFER`]) plus the frame in hand.
+//!   [`crate::config::UPSTREAM_WRITE_BUFFER`]) plus the frame or read chunk in hand
+//!   (`Limits::upstream_request_floor`).
 //!
 //! The floors of every possible connection and upstream request are set aside at start-up
 //! (the configuration is refused if they do not fit), so the sum of all grants never
@@ -33,6 +37,8 @@ pub struct BufferBudget {
     /// Bytes not set aside for floors, still free for HTTP/2 windows above the floor.
     flexible: AtomicU64,
     max_extra_window: u64,
+    /// What a frame may take beyond the default (`limits.h2_max_frame_size`).
+    max_frame_extra: u64,
     reserved: IntGauge,
 }
 
@@ -45,6 +51,7 @@ impl BufferBudget {
         Arc::new(Self {
             flexible: AtomicU64::new(total - floors),
             max_extra_window: u64::from(max_connection_window).saturating_sub(H2_MIN_WINDOW),
+            max_frame_extra: u64::from(l.h2_max_frame_size).saturating_sub(H2_DEFAULT_FRAME),
             reserved,
         })
     }
@@ -67,6 +74,13 @@ impl BufferBudget {
     }
 }
 
+/// The protocol's default (and smallest) SETTINGS_MAX_FRAME_SIZE.
+const H2_DEFAULT_FRAME: u64 = 16 * 1024;
+
+/// A grant puts at most this share of its extra bytes into a larger frame, the rest into
+/// the window: a frame larger than the window could never be sent whole.
+const FRAME_SHARE: u64 = 4;
+
 /// One HTTP/2 connection's share of the budget.
 #[derive(Debug)]
 pub struct WindowGrant {
@@ -75,9 +89,20 @@ pub struct WindowGrant {
 }
 
 impl WindowGrant {
+    /// What the frame size takes beyond the default: out of the grant, not on top of it.
+    fn frame_extra(&self) -> u64 {
+        (self.extra / FRAME_SHARE).min(self.budget.max_frame_extra)
+    }
+
     /// The connection receive window to advertise.
     pub fn connection_window(&self) -> u32 {
-        (H2_MIN_WINDOW + self.extra) as u32
+        (H2_MIN_WINDOW + self.extra - self.frame_extra()) as u32
+    }
+
+    /// The SETTINGS_MAX_FRAME_SIZE to advertise: the window and the frame together stay
+    /// within the floor and the grant.
+    pub fn max_frame_size(&self) -> u32 {
+        (H2_DEFAULT_FRAME + self.frame_extra()) as u32
     }
 }
 
@@ -108,7 +133,18 @@ mod tests {
     #[test]
     fn defaults_fit_and_the_derived_budget_grows_with_the_limits() {
         assert!(fits(&Limits::default()));
-        assert_eq!(Limits::default().request_buffer_budget(), 1 << 30);
+        // The default limits' floors (10,000 x 64 KiB, 512 x (400 KiB + a 1 MiB frame))
+        // exceed 1 GiB, so the derived budget is theirs plus an eighth of a GiB.
+        let d = Limits::default();
+        assert_eq!(
+            d.request_buffer_budget(),
+            d.request_buffer_floors() + (1 << 27)
+        );
+        let small_frames = Limits {
+            h2_max_frame_size: 16 * 1024,
+            ..Limits::default()
+        };
+        assert_eq!(small_frames.request_buffer_budget(), 1 << 30);
         // Raising the connection limit alone grows the derived budget with it.
         let many = Limits {
             max_connections: 50_000,
@@ -121,25 +157,29 @@ mod tests {
 
     #[test]
     fn grants_never_exceed_the_budget_and_return_when_dropped() {
-        let l = limits(256 << 20, 1000, 64);
+        const BUDGET: u64 = 512 << 20;
+        let l = limits(BUDGET, 1000, 64);
         assert!(fits(&l));
         let gauge = IntGauge::new("reserved", "test").unwrap();
         let budget = BufferBudget::new(&l, 16 << 20, gauge.clone());
         let grants: Vec<WindowGrant> = (0..1000).map(|_| budget.grant_h2_window()).collect();
-        let windows: u64 = grants
-            .iter()
-            .map(|g| u64::from(g.connection_window()))
-            .sum();
-        assert!(windows <= 256 << 20, "windows {windows} exceed the budget");
-        assert_eq!(
-            grants[0].connection_window(),
-            16 << 20,
-            "the first gets the most"
-        );
-        assert!(grants
-            .iter()
-            .all(|g| u64::from(g.connection_window()) >= H2_MIN_WINDOW));
-        assert!(gauge.get() as u64 <= 256 << 20);
+        // What a connection can hold: its window, and a frame beyond the default one.
+        let held = |g: &WindowGrant| {
+            u64::from(g.connection_window()) + u64::from(g.max_frame_size()) - H2_DEFAULT_FRAME
+        };
+        let total: u64 = grants.iter().map(held).sum();
+        assert!(total <= BUDGET, "grants {total} exceed the budget");
+        assert_eq!(held(&grants[0]), 16 << 20, "the first gets the most");
+        assert_eq!(grants[0].max_frame_size(), l.h2_max_frame_size);
+        assert!(grants[0].connection_window() >= grants[0].max_frame_size());
+        assert!(grants.iter().all(|g| {
+            u64::from(g.connection_window()) >= H2_MIN_WINDOW
+                && (H2_DEFAULT_FRAME as u32..=l.h2_max_frame_size).contains(&g.max_frame_size())
+        }));
+        // Once the budget is spent, connections get the protocol's floors.
+        let last = grants.last().unwrap();
+        assert_eq!(u64::from(last.max_frame_size()), H2_DEFAULT_FRAME);
+        assert!(gauge.get() as u64 <= BUDGET);
         drop(grants);
         assert_eq!(gauge.get() as u64, l.request_buffer_floors());
     }

@@ -204,6 +204,7 @@ impl HttpForwarder {
                 .max_header_list_size(limits.max_header_bytes as u32)
                 .initial_stream_window_size(H2_STREAM_WINDOW.min(window))
                 .initial_connection_window_size(window)
+                .max_frame_size(grant.max_frame_size())
                 .keep_alive_interval(limits.h2_keepalive_interval)
                 .keep_alive_timeout(limits.h2_keepalive_timeout)
                 .serve_connection(io, svc);

@@ -255,8 +255,8 @@ pub const CONNECTION_BUFFER_FLOOR: u64 = 65_535;
 /// explicitly because the budget counts on it: 64 KiB made 800 KB uploads take more
 /// writes, ~10 % more CPU per MB and ~5 % more latency in `loadgen bench`.
 pub const UPSTREAM_WRITE_BUFFER: usize = 400 * 1024;
-/// The largest read chunk an HTTP/1.1 request body is handed upstream in.
-const HTTP1_CHUNK_FLOOR: u64 = 64 * 1024;
+/// The least a request body chunk in hand is counted at.
+const CHUNK_FLOOR: u64 = 64 * 1024;
 
 impl Limits {
     /// Bytes of the request buffer budget set aside for every connection's and upstream
@@ -267,10 +267,14 @@ impl Limits {
             + (self.max_upstream_requests as u64).saturating_mul(self.upstream_request_floor())
     }
 
-    /// Request bytes one upstream request can hold: hyper's write queue and one received
-    /// frame (HTTP/2 releases a frame's window as soon as it is handed on) or read chunk.
+    /// Request bytes one upstream request can hold: hyper's write queue and the chunk in
+    /// hand, an HTTP/2 frame (whose window is released as soon as it is handed on) or an
+    /// HTTP/1.1 read (hyper's read buffer, capped at `max_header_bytes`).
     pub fn upstream_request_floor(&self) -> u64 {
-        UPSTREAM_WRITE_BUFFER as u64 + HTTP1_CHUNK_FLOOR.max(u64::from(self.h2_max_frame_size))
+        let chunk = CHUNK_FLOOR
+            .max(self.max_header_bytes as u64)
+            .max(u64::from(self.h2_max_frame_size));
+        UPSTREAM_WRITE_BUFFER as u64 + chunk
     }
 
     /// The request buffer budget in effect: the configured one, or the default grown to

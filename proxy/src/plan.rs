@@ -303,7 +303,7 @@ fn limits_problems(l: &Limits, problems: &mut Vec<String>) {
     let floors = l.request_buffer_floors();
     if floors > l.request_buffer_budget() {
         problems.push(format!(
-            "limits.request_buffer_budget = {} bytes cannot hold the floors of limits.max_connections = {} connections (64 KiB or max_header_bytes each) and limits.max_upstream_requests = {} upstream requests ({} bytes each: a 400 KiB write queue and a frame of limits.h2_max_frame_size): {floors} bytes; raise the budget or lower the limits",
+            "limits.request_buffer_budget = {} bytes cannot hold the floors of limits.max_connections = {} connections (64 KiB or max_header_bytes each) and limits.max_upstream_requests = {} upstream requests ({} bytes each: a 400 KiB write queue and a chunk in hand, the larger of 64 KiB, max_header_bytes and h2_max_frame_size): {floors} bytes; raise the budget or lower the limits",
             l.request_buffer_budget(),
             l.max_connections,
             l.max_upstream_requests,
@@ -500,6 +500,7 @@ mod tests {
             [limits]
             handshake_timeout = "2s"
             max_connections = 0
+            h2_max_frame_size = 8192
             [[listener]]
             name = "grpc"
             listen = "127.0.0.1:6334"
@@ -517,6 +518,7 @@ mod tests {
         assert_eq!(c.listeners[0].tls.kx_groups.len(), 2);
         let all = Plan::new(&c).unwrap_err().to_string();
         assert!(all.contains("limits.max_connections"), "{all}");
+        assert!(all.contains("limits.h2_max_frame_size = 8192"), "{all}");
         assert!(all.contains("listener[0].cert: file not found"), "{all}");
         assert!(all.contains("listener[0].key: file not found"), "{all}");
     }

@@ -7,7 +7,7 @@
 //! (closed and open loop), [`probe`] (CPU, power, proxy metrics), [`result`] (the JSON
 //! result), [`summary`] (the human summary), [`run`] (one run, end to end), [`compare`] (the
 //! provider x algorithm matrix), [`report`] (Markdown, CSV and HTML from the JSON),
-//! [`bench`] (the terminator benchmark: our proxy beside nginx and HAProxy).
+//! [`bench`](mod@bench) (the terminator benchmark: our proxy beside nginx and HAProxy).
 
 pub mod bench;
 pub mod client;

@@ -160,7 +160,7 @@ pub struct CompareArgs {
     /// Remote mode: the proxy's client-facing address, HOST:PORT.
     #[arg(long)]
     pub target: Option<String>,
-    /// Remote mode: folder on the proxy's host holding <algorithm>.crt/.key.
+    /// Remote mode: folder on the proxy's host holding `<algorithm>.crt` and `.key`.
     #[arg(long)]
     pub remote_cert_dir: Option<PathBuf>,
     /// Remote mode: CA that verifies the proxy (local mode uses the generated one).

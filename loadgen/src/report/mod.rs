@@ -265,7 +265,7 @@ pub struct Report {
     pub setup: Vec<(String, String)>,
     pub repeats: u32,
     pub cells_measured: usize,
-    /// Per algorithm, in algorithm order: what decides (see [`verdicts`]).
+    /// Per algorithm, in algorithm order: what decides (see `verdicts()`).
     pub verdicts: Vec<(String, Vec<String>)>,
     /// (provider, algorithm) -> what bounded the cell's throughput, from its first round.
     pub bounds: BTreeMap<(String, String), String>,

@@ -4,7 +4,7 @@
 //!
 //! It also keeps each connection's deadlines (first request, idle, stall, maximum age,
 //! drain) and its reset budget, the upstream's request cap, and the request buffer budget
-//! (see [`budget`]). It knows nothing of TLS providers: it is handed a decrypted stream.
+//! (see `budget`). It knows nothing of TLS providers: it is handed a decrypted stream.
 
 mod body;
 mod budget;

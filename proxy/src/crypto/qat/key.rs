@@ -1,5 +1,5 @@
 //! The rustls side of openssl-qat signing: a `KeyProvider` whose keys sign through the
-//! process's [`AsyncSigner`](super::signer::AsyncSigner), so that a handshake's signature
+//! process's [`AsyncSigner`], so that a handshake's signature
 //! (and nothing else) goes to the QAT provider, asynchronously and batched.
 
 use std::ffi::CStr;

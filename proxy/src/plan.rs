@@ -303,7 +303,7 @@ fn limits_problems(l: &Limits, problems: &mut Vec<String>) {
     let floors = l.request_buffer_floors();
     if floors > l.request_buffer_budget() {
         problems.push(format!(
-            "limits.request_buffer_budget = {} bytes cannot hold the floors of limits.max_connections = {} connections (64 KiB or max_header_bytes each) and limits.max_upstream_requests = {} upstream requests ({} bytes each: a 400 KiB write queue and a chunk in hand, the larger of 64 KiB, max_header_bytes and h2_max_frame_size): {floors} bytes; raise the budget or lower the limits",
+            "limits.request_buffer_budget = {} bytes cannot hold the floors of limits.max_connections = {} connections (64 KiB or max_header_bytes each) and limits.max_upstream_requests = {} upstream requests ({} bytes each: a 400 KiB write queue and a chunk in hand, the larger of 64 KiB, max_header_bytes and h2_max_frame_size): {floors} bytes; raise the budget or lower the limits (limits.h2_max_frame_size = 16384 gives back the floors of before 1 MiB frames)",
             l.request_buffer_budget(),
             l.max_connections,
             l.max_upstream_requests,

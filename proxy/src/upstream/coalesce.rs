@@ -229,6 +229,12 @@ mod tests {
         }
     }
 
+    /// A waker that counts its wakes, and the counter.
+    fn counting_waker() -> (Waker, Arc<CountingWaker>) {
+        let woken = Arc::new(CountingWaker(AtomicUsize::new(0)));
+        (Waker::from(woken.clone()), woken)
+    }
+
     /// A connected pair over loopback: the gathering side and the peer's socket.
     async fn pair(gather: bool) -> (UpstreamIo, TcpStream) {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -260,8 +266,7 @@ mod tests {
     #[tokio::test]
     async fn frames_of_one_turn_go_out_in_one_write_at_the_next_flush() {
         let (mut io, mut peer) = pair(true).await;
-        let woken = Arc::new(CountingWaker(AtomicUsize::new(0)));
-        let waker = Waker::from(woken.clone());
+        let (waker, woken) = counting_waker();
         let mut cx = Context::from_waker(&waker);
 
         // Two frames and the flush h2 makes after each: nothing reaches the socket yet,
@@ -302,7 +307,7 @@ mod tests {
     #[tokio::test]
     async fn a_full_gather_is_written_before_more_is_taken_and_large_writes_pass_through() {
         let (mut io, mut peer) = pair(true).await;
-        let waker = Waker::from(Arc::new(CountingWaker(AtomicUsize::new(0))));
+        let (waker, _) = counting_waker();
         let mut cx = Context::from_waker(&waker);
 
         let chunk = vec![7u8; COALESCE_MAX / 2 + 1];
@@ -326,8 +331,7 @@ mod tests {
     #[tokio::test]
     async fn http1_connections_write_straight_through() {
         let (mut io, mut peer) = pair(false).await;
-        let woken = Arc::new(CountingWaker(AtomicUsize::new(0)));
-        let waker = Waker::from(woken.clone());
+        let (waker, woken) = counting_waker();
         let mut cx = Context::from_waker(&waker);
         assert!(matches!(
             write(&mut io, &mut cx, b"GET / HTTP/1.1\r\n\r\n"),
@@ -342,7 +346,7 @@ mod tests {
     #[tokio::test]
     async fn shutdown_writes_what_is_gathered() {
         let (mut io, mut peer) = pair(true).await;
-        let waker = Waker::from(Arc::new(CountingWaker(AtomicUsize::new(0))));
+        let (waker, _) = counting_waker();
         let mut cx = Context::from_waker(&waker);
         assert!(write(&mut io, &mut cx, b"last frame").is_ready());
         poll_fn(|cx| Pin::new(&mut io).poll_shutdown(cx))

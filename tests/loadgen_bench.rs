@@ -1,8 +1,9 @@
 //! `loadgen bench` end to end with tiny settings: the real proxy, nginx and HAProxy
 //! (Debian's packages, which `.ci/run` installs) in front of the bench's sink on loopback.
 //! Every row must hold a measured figure for every terminator (the in-memory handshake only
-//! for ours), the table must print each figure with its ratio to nginx, and a client that
-//! keeps Nagle on must not wait for a delayed ACK after the handshake.
+//! for ours), the kernel's share of a CPU figure must be part of it, the table must print
+//! each figure with its ratio to nginx, and a client that keeps Nagle on must not wait for
+//! a delayed ACK after the handshake.
 
 use e2e::*;
 
@@ -54,8 +55,9 @@ fn bench_measures_every_row_for_the_proxy_and_both_peers() {
         .collect();
     assert_eq!(columns, ["proxy aws-lc-rs", "nginx", "haproxy"]);
     let rows = json["rows"].as_array().unwrap();
-    // 3 handshake rows, 3 bulk, 2 x 2 idle, first response, 2 latency.
-    assert_eq!(rows.len(), 13, "{rows:#?}");
+    // 4 handshake rows, 3 bulk with their kernel shares, 2 x 2 idle, first response, 2
+    // latency.
+    assert_eq!(rows.len(), 17, "{rows:#?}");
     for row in rows {
         let name = row["name"].as_str().unwrap();
         for column in &columns {
@@ -77,6 +79,24 @@ fn bench_measures_every_row_for_the_proxy_and_both_peers() {
             } else if !name.starts_with("  beyond") && !name.starts_with("  added") {
                 assert!(value > 0.0, "{name} / {column}: {value}");
             }
+        }
+    }
+    // Each kernel share is the system part of the row above it: below the whole, for
+    // every terminator.
+    for (i, row) in rows.iter().enumerate() {
+        let name = row["name"].as_str().unwrap();
+        if !name.starts_with("  of which in the kernel") {
+            continue;
+        }
+        let whole = &rows[i - 1];
+        assert!(
+            !whole["name"].as_str().unwrap().starts_with("  "),
+            "{name} follows its row"
+        );
+        for column in &columns {
+            let kernel = row["figures"][column].as_f64().unwrap();
+            let total = whole["figures"][column].as_f64().unwrap();
+            assert!(kernel < total, "{name} / {column}: {kernel} of {total}");
         }
     }
     let first = rows

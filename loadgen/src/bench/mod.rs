@@ -29,6 +29,7 @@ use tokio_rustls::TlsConnector;
 use tokio_util::sync::CancellationToken;
 
 use crate::compare::procs::sibling_binary;
+use crate::probe::cpu::CpuSplit;
 use terminators::{Certs, Peer, Terminator};
 use workloads::{Bulk, Clients};
 
@@ -300,11 +301,12 @@ fn grpc_body(size: usize) -> Bytes {
     Bytes::from(crate::client::grpc_frame(&payload))
 }
 
-/// Runs the terminator's CPU meter around `work`: CPU-seconds used while it ran.
+/// Runs the terminator's CPU meter around `work`: CPU-seconds used while it ran, in user
+/// space and in the kernel.
 async fn cpu_during<T>(
     t: &Terminator,
     work: impl std::future::Future<Output = T>,
-) -> Result<(f64, T)> {
+) -> Result<(CpuSplit, T)> {
     let before = t.cpu_seconds()?;
     let out = work.await;
     let after = t.cpu_seconds()?;
@@ -396,37 +398,53 @@ pub async fn execute(args: &BenchArgs, stop: CancellationToken) -> Result<BenchR
     let mut keys = RowKeys::default();
     if args.parts.contains(&Part::Handshake) {
         for alg in &args.algorithms {
-            keys.handshake.push((
-                *alg,
-                row(
+            keys.handshake.push(HandshakeKeys {
+                alg: *alg,
+                total: row(
                     format!("new TLS connection + tiny GET, {}", alg.as_str()),
                     "us CPU",
                 ),
-                row(
+                kernel: row(
+                    format!("  of which in the kernel, {}", alg.as_str()),
+                    "us CPU",
+                ),
+                in_memory: row(
                     format!("  of which the in-memory handshake, {}", alg.as_str()),
                     "us CPU",
                 ),
-                row(
+                beyond: row(
                     format!("  beyond the in-memory handshake, {}", alg.as_str()),
                     "us CPU",
                 ),
-            ));
+            });
         }
     }
     if args.parts.contains(&Part::Bulk) {
-        for (kind, name) in [
+        for (kind, name, short) in [
             (
                 Bulk::H2Rest,
                 "keep-alive 763 KB JSON, h2 client -> HTTP/1.1 upstream",
+                "h2 -> HTTP/1.1",
             ),
             (
                 Bulk::H1Rest,
                 "keep-alive 763 KB JSON, HTTP/1.1 client -> HTTP/1.1 upstream",
+                "HTTP/1.1 -> HTTP/1.1",
             ),
-            (Bulk::Grpc, "keep-alive 416 KB gRPC, h2 -> h2c upstream"),
+            (
+                Bulk::Grpc,
+                "keep-alive 416 KB gRPC, h2 -> h2c upstream",
+                "gRPC",
+            ),
         ] {
-            keys.bulk
-                .push((kind, row(name.to_owned(), "ms CPU per MB")));
+            keys.bulk.push((
+                kind,
+                row(name.to_owned(), "ms CPU per MB"),
+                row(
+                    format!("  of which in the kernel, {short}"),
+                    "ms CPU per MB",
+                ),
+            ));
         }
     }
     if args.parts.contains(&Part::Idle) {
@@ -607,11 +625,25 @@ enum Column {
 
 #[derive(Default)]
 struct RowKeys {
-    handshake: Vec<(CertAlgorithmName, String, String, String)>,
-    bulk: Vec<(Bulk, String)>,
+    handshake: Vec<HandshakeKeys>,
+    /// Per workload: its row, and its kernel share's.
+    bulk: Vec<(Bulk, String, String)>,
     idle: Vec<(usize, String, String)>,
     first_response: Option<String>,
     latency: Option<(String, String)>,
+}
+
+/// The rows of one certificate algorithm's new-connection figure.
+struct HandshakeKeys {
+    alg: CertAlgorithmName,
+    /// CPU per connection.
+    total: String,
+    /// Its system time: what the kernel's TCP and socket work cost the terminator.
+    kernel: String,
+    /// The provider's handshake alone, in memory (ours only).
+    in_memory: String,
+    /// `total` minus `in_memory`.
+    beyond: String,
 }
 
 struct Bodies<'a> {
@@ -654,13 +686,14 @@ const PER_MB: Unit = Unit {
 };
 
 /// The figure of one timed loop (the terminator's CPU over it, per unit of work), with the
-/// work behind it noted in the row and a progress line.
+/// work behind it noted in the row and a progress line. The kernel's share of it goes to
+/// the row `kernel_key`.
 fn cpu_per_unit(
     rows: &mut Rows,
-    key: &str,
+    (key, kernel_key): (&str, &str),
     label: &str,
     what: &str,
-    measured: Result<(f64, workloads::Outcome)>,
+    measured: Result<(CpuSplit, workloads::Outcome)>,
     unit: &Unit,
 ) -> Result<f64> {
     let figure = match measured {
@@ -670,7 +703,8 @@ fn cpu_per_unit(
             if let Some(e) = &out.first_error {
                 eprintln!("{label} {what}: {} failed, first: {e}", out.failed);
             }
-            Ok(cpu * unit.scale / count)
+            put(rows, kernel_key, label, Ok(cpu.system * unit.scale / count));
+            Ok(cpu.total() * unit.scale / count)
         }
         Ok((_, out)) => Err(anyhow::anyhow!(
             "nothing succeeded: {}",
@@ -705,7 +739,14 @@ async fn measure(
     direct_latency: Option<Duration>,
     stop: &CancellationToken,
 ) {
-    for (alg, key, mem_key, beyond_key) in &keys.handshake {
+    for HandshakeKeys {
+        alg,
+        total: key,
+        kernel: kernel_key,
+        in_memory: mem_key,
+        beyond: beyond_key,
+    } in &keys.handshake
+    {
         if stop.is_cancelled() {
             return;
         }
@@ -716,7 +757,14 @@ async fn measure(
             workloads::new_connections(addr, &clients.http1, args.concurrency, args.duration),
         )
         .await;
-        let per_conn = cpu_per_unit(rows, key, label, alg.as_str(), measured, &PER_CONNECTION);
+        let per_conn = cpu_per_unit(
+            rows,
+            (key, kernel_key),
+            label,
+            alg.as_str(),
+            measured,
+            &PER_CONNECTION,
+        );
         // Our providers: the same handshake in memory, server side only (the floor).
         let in_memory = t
             .provider
@@ -781,7 +829,7 @@ async fn measure(
     else {
         return;
     };
-    for (kind, key) in &keys.bulk {
+    for (kind, key, kernel_key) in &keys.bulk {
         if stop.is_cancelled() {
             return;
         }
@@ -811,7 +859,14 @@ async fn measure(
             ),
         )
         .await;
-        let figure = cpu_per_unit(rows, key, label, &format!("{kind:?}"), measured, &PER_MB);
+        let figure = cpu_per_unit(
+            rows,
+            (key, kernel_key),
+            label,
+            &format!("{kind:?}"),
+            measured,
+            &PER_MB,
+        );
         put(rows, key, label, figure);
     }
 
@@ -967,9 +1022,11 @@ pub fn render(result: &BenchResult) -> String {
         "\nRatios are to nginx in the same row (below 1.00x: less CPU, memory or time than nginx). \
          Each terminator runs as configured in `settings` of bench.json (one worker each by default); \
          with several rounds (`--repeat`) each figure is the median and bench.json holds every round; \
-         CPU is the terminator's user+system time over its whole process tree; the in-memory \
+         CPU is the terminator's user+system time over its whole process tree, and \"in the \
+         kernel\" its system time (on loopback that includes delivering each of its writes to \
+         the receiving socket): the part no terminator's own code can remove; the in-memory \
          handshake is the same provider's server side of a full handshake with no sockets \
-         (rustls only).\n",
+         (rustls only), so what lies beyond it includes the kernel's part.\n",
     );
     for n in notes {
         out.push_str(&format!("- {n}\n"));

@@ -83,13 +83,13 @@ impl Terminator {
         }
     }
 
-    /// User + system CPU seconds of the whole process tree.
-    pub fn cpu_seconds(&self) -> Result<f64> {
+    /// User and system CPU seconds of the whole process tree.
+    pub fn cpu_seconds(&self) -> Result<cpu::CpuSplit> {
         let proc_root = Path::new("/proc");
         cpu::process_tree(proc_root, self.pid())
             .into_iter()
-            .map(|pid| cpu::process_cpu_seconds(proc_root, pid))
-            .sum::<Result<f64>>()
+            .map(|pid| cpu::process_cpu_split(proc_root, pid))
+            .sum::<Result<cpu::CpuSplit>>()
             .with_context(|| self.label.clone())
     }
 

@@ -57,11 +57,62 @@ pub fn utilisation(before: SystemTimes, after: SystemTimes) -> Option<f64> {
 
 /// User + system CPU seconds of one process.
 pub fn process_cpu_seconds(proc_root: &Path, pid: u32) -> Result<f64> {
+    process_cpu_split(proc_root, pid).map(|c| c.user + c.system)
+}
+
+/// CPU seconds of a process (or a sum of processes), in user space and in the kernel.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct CpuSplit {
+    /// utime: the process's own code and its libraries.
+    pub user: f64,
+    /// stime: system calls, and what the kernel does on the process's behalf meanwhile (on
+    /// loopback that includes delivering each write to the receiving socket).
+    pub system: f64,
+}
+
+impl CpuSplit {
+    /// Both together.
+    pub fn total(&self) -> f64 {
+        self.user + self.system
+    }
+}
+
+impl std::ops::Add for CpuSplit {
+    type Output = Self;
+    fn add(self, o: Self) -> Self {
+        Self {
+            user: self.user + o.user,
+            system: self.system + o.system,
+        }
+    }
+}
+
+impl std::ops::Sub for CpuSplit {
+    type Output = Self;
+    fn sub(self, o: Self) -> Self {
+        Self {
+            user: self.user - o.user,
+            system: self.system - o.system,
+        }
+    }
+}
+
+impl std::iter::Sum for CpuSplit {
+    fn sum<I: Iterator<Item = Self>>(iter: I) -> Self {
+        iter.fold(Self::default(), |a, b| a + b)
+    }
+}
+
+/// User and system CPU seconds of one process.
+pub fn process_cpu_split(proc_root: &Path, pid: u32) -> Result<CpuSplit> {
     let path = proc_root.join(pid.to_string()).join("stat");
     let text =
         std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
     let (utime, stime) = parse_process_stat(&text)?;
-    Ok((utime + stime) as f64 / clock_ticks())
+    Ok(CpuSplit {
+        user: utime as f64 / clock_ticks(),
+        system: stime as f64 / clock_ticks(),
+    })
 }
 
 /// utime and stime (fields 14 and 15) of a /proc/PID/stat line. The command name may hold

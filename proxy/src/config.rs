@@ -248,7 +248,7 @@ pub struct Limits {
 
 /// Request bytes one connection can hold at least: HTTP/2's initial window (RFC 9113
 /// 6.9.2), which every connection may be sent before any WINDOW_UPDATE; HTTP/1.1
-/// connections hold at most hyper's read buffer (`max_header_bytes`).
+/// connections are promised hyper's read buffer of `max_header_bytes`.
 pub const CONNECTION_BUFFER_FLOOR: u64 = 65_535;
 /// hyper's upstream client write queue: request bytes accepted from the client and not
 /// yet written to the upstream socket, per upstream request. hyper's own default, set
@@ -269,12 +269,18 @@ impl Limits {
 
     /// Request bytes one upstream request can hold: hyper's write queue and the chunk in
     /// hand, an HTTP/2 frame (whose window is released as soon as it is handed on) or an
-    /// HTTP/1.1 read (hyper's read buffer, capped at `max_header_bytes`).
+    /// HTTP/1.1 read (hyper's read buffer: `max_header_bytes`, or more when the budget
+    /// grants it, never more than [`Self::upstream_chunk_floor`]).
     pub fn upstream_request_floor(&self) -> u64 {
-        let chunk = CHUNK_FLOOR
+        UPSTREAM_WRITE_BUFFER as u64 + self.upstream_chunk_floor()
+    }
+
+    /// The body chunk in hand that every upstream request's floor counts: no chunk the
+    /// proxy reads may be larger (an HTTP/1.1 read buffer grown by a budget grant included).
+    pub fn upstream_chunk_floor(&self) -> u64 {
+        CHUNK_FLOOR
             .max(self.max_header_bytes as u64)
-            .max(u64::from(self.h2_max_frame_size));
-        UPSTREAM_WRITE_BUFFER as u64 + chunk
+            .max(u64::from(self.h2_max_frame_size))
     }
 
     /// The request buffer budget in effect: the configured one, or the default grown to

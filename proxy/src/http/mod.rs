@@ -213,12 +213,19 @@ impl HttpForwarder {
             result
         } else {
             let io = TokioIo::new(io);
+            // Held for the connection's life, as an HTTP/2 window is.
+            let grant = self.budget.grant_h1_read();
             let conn = http1::Builder::new()
                 .timer(TokioTimer::new())
                 .header_read_timeout(limits.header_read_timeout)
-                .max_buf_size(limits.max_header_bytes)
+                .max_buf_size(grant.max_buf_size())
+                // The read buffer may now exceed the head limit: hyper refuses a larger
+                // head itself (`forward` checks the exact limit on every request too).
+                .max_header_size(limits.max_header_bytes)
                 .serve_connection(io, svc);
-            self.drive(conn, &activity, shutdown).await
+            let result = self.drive(conn, &activity, shutdown).await;
+            drop(grant);
+            result
         }
     }
 

@@ -99,6 +99,17 @@ fn bench_measures_every_row_for_the_proxy_and_both_peers() {
             assert!(kernel < total, "{name} / {column}: {kernel} of {total}");
         }
     }
+    // One round: each ratio is the figure over nginx's.
+    let p256 = rows
+        .iter()
+        .find(|r| r["name"] == "new TLS connection + tiny GET, ecdsa-p256")
+        .unwrap();
+    let nginx = p256["figures"]["nginx"].as_f64().unwrap();
+    for column in ["proxy aws-lc-rs", "haproxy"] {
+        let ratio = p256["ratios_to_nginx"][column].as_f64().unwrap();
+        let figure = p256["figures"][column].as_f64().unwrap();
+        assert!((ratio - figure / nginx).abs() < 1e-9, "{column}: {ratio}");
+    }
     let first = rows
         .iter()
         .find(|r| r["name"].as_str().unwrap().starts_with("first response"))

@@ -153,11 +153,19 @@ pub struct Row {
     pub figures: BTreeMap<String, Figure>,
     /// Column label -> every round's value, in round order.
     pub rounds: BTreeMap<String, Vec<f64>>,
+    /// Column label -> its ratio to nginx: the median over the rounds of the two columns'
+    /// ratio within each round (rows of their own, not the indented parts of one).
+    pub ratios_to_nginx: BTreeMap<String, f64>,
     /// Work done per column (connections, MB, requests), for the reader's judgement.
     pub work: BTreeMap<String, String>,
     /// The first reason a round had no value, per column.
     #[serde(skip)]
     errors: BTreeMap<String, String>,
+    /// The round being measured, and each column's value by round, for the paired ratios.
+    #[serde(skip)]
+    round: usize,
+    #[serde(skip)]
+    by_round: BTreeMap<String, BTreeMap<usize, f64>>,
 }
 
 impl Row {
@@ -167,15 +175,24 @@ impl Row {
             unit: unit.to_owned(),
             figures: BTreeMap::new(),
             rounds: BTreeMap::new(),
+            ratios_to_nginx: BTreeMap::new(),
             work: BTreeMap::new(),
             errors: BTreeMap::new(),
+            round: 1,
+            by_round: BTreeMap::new(),
         }
     }
 
     /// One round's value for `column`, or why there is none.
     fn set(&mut self, column: &str, figure: Result<f64>) {
         match figure {
-            Ok(v) if v.is_finite() => self.rounds.entry(column.to_owned()).or_default().push(v),
+            Ok(v) if v.is_finite() => {
+                self.rounds.entry(column.to_owned()).or_default().push(v);
+                self.by_round
+                    .entry(column.to_owned())
+                    .or_default()
+                    .insert(self.round, v);
+            }
             Ok(v) => {
                 self.errors
                     .entry(column.to_owned())
@@ -206,9 +223,30 @@ impl Row {
             };
             self.figures.insert(c, figure);
         }
+        // Ratios pair the columns round by round: a machine that slows down between rounds
+        // slows every column of that round alike, and the pairing cancels it, where a ratio
+        // of two medians from different rounds would not.
+        if let Some(nginx) = self
+            .by_round
+            .get(NGINX)
+            .filter(|_| !self.name.starts_with("  "))
+        {
+            for (c, values) in &self.by_round {
+                let paired: Vec<f64> = values
+                    .iter()
+                    .filter_map(|(round, v)| Some(v / nginx.get(round).filter(|n| **n > 0.0)?))
+                    .collect();
+                if c != NGINX && !paired.is_empty() {
+                    self.ratios_to_nginx.insert(c.clone(), median(&paired));
+                }
+            }
+        }
         self
     }
 }
+
+/// The column every ratio is to.
+const NGINX: &str = "nginx";
 
 /// The median (the mean of the middle two for an even count).
 fn median(values: &[f64]) -> f64 {
@@ -545,6 +583,9 @@ pub async fn execute(args: &BenchArgs, stop: CancellationToken) -> Result<BenchR
     for round in 1..=args.repeat.max(1) {
         if args.repeat > 1 {
             eprintln!("round {round} of {}", args.repeat);
+        }
+        for row in rows.values_mut() {
+            row.round = round;
         }
         for (label, t) in started.iter_mut() {
             let Some(t) = t.as_mut() else { continue };
@@ -988,21 +1029,19 @@ pub fn render(result: &BenchResult) -> String {
     let rounds = result.settings["rounds"].as_u64().unwrap_or(1);
     if rounds > 1 {
         notes.push(format!(
-            "median of {rounds} interleaved rounds; the spread of each figure is in bench.json"
+            "median of {rounds} interleaved rounds, and each ratio the median of the {rounds} \
+             rounds' own ratios; the spread of each figure is in bench.json"
         ));
     }
     for row in &result.rows {
         out.push_str(&format!("| {} | {} |", row.name, row.unit));
-        let nginx = match row.figures.get("nginx") {
-            Some(Figure::Value(v)) if *v > 0.0 => Some(*v),
-            _ => None,
-        };
         for c in &result.columns {
             match row.figures.get(c) {
                 Some(Figure::Value(v)) => {
-                    let ratio = nginx
-                        .filter(|_| c != "nginx" && !row.name.starts_with("  "))
-                        .map(|n| format!(" ({:.2}x)", v / n))
+                    let ratio = row
+                        .ratios_to_nginx
+                        .get(c)
+                        .map(|r| format!(" ({r:.2}x)"))
                         .unwrap_or_default();
                     out.push_str(&format!(" {}{ratio} |", fmt_value(*v)));
                 }
@@ -1021,7 +1060,8 @@ pub fn render(result: &BenchResult) -> String {
     out.push_str(
         "\nRatios are to nginx in the same row (below 1.00x: less CPU, memory or time than nginx). \
          Each terminator runs as configured in `settings` of bench.json (one worker each by default); \
-         with several rounds (`--repeat`) each figure is the median and bench.json holds every round; \
+         with several rounds (`--repeat`) each figure is the median, each ratio the median of the \
+         ratios within a round, and bench.json holds every round; \
          CPU is the terminator's user+system time over its whole process tree, and \"in the \
          kernel\" its system time (on loopback that includes delivering each of its writes to \
          the receiving socket): the part no terminator's own code can remove; the in-memory \
@@ -1066,5 +1106,33 @@ mod tests {
             matches!(&row.figures["c"], Figure::Missing { reason } if reason == "did not start")
         );
         assert_eq!(row.rounds["a"], [30.0, 10.0, 20.0]);
+    }
+
+    #[test]
+    fn ratios_pair_the_columns_round_by_round() {
+        let mut row = Row::new("work", "us");
+        let mut part = Row::new("  part of it", "us");
+        // Round 2 ran on a slow machine for both; "b" failed in round 3.
+        for (round, ours, nginx, b) in [
+            (1, 10.0, 20.0, Some(30.0)),
+            (2, 12.0, 13.0, Some(13.0)),
+            (3, 30.0, 60.0, None),
+        ] {
+            for r in [&mut row, &mut part] {
+                r.round = round;
+                r.set("ours", Ok(ours));
+                r.set(NGINX, Ok(nginx));
+                r.set("b", b.ok_or_else(|| anyhow::anyhow!("refused")));
+            }
+        }
+        let row = row.finish();
+        // Per round 0.5, 0.92, 0.5: the median is 0.5, where the medians' ratio (12 / 20)
+        // would say 0.6.
+        assert_eq!(row.ratios_to_nginx["ours"], 0.5);
+        // Only rounds both have count: 1.5 and 1.0.
+        assert_eq!(row.ratios_to_nginx["b"], 1.25);
+        assert!(!row.ratios_to_nginx.contains_key(NGINX));
+        // An indented row is a part of the row above it: no ratio of its own.
+        assert!(part.finish().ratios_to_nginx.is_empty());
     }
 }

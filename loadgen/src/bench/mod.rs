@@ -755,7 +755,11 @@ fn cpu_per_unit(
     };
     match &figure {
         Ok(v) => eprintln!("{label} {what}: {v:.3} {}", unit.name),
-        Err(e) => eprintln!("{label} {what}: {e:#}"),
+        Err(e) => {
+            eprintln!("{label} {what}: {e:#}");
+            // The kernel's share is missing for the same reason.
+            put(rows, kernel_key, label, Err(anyhow::anyhow!("{e:#}")));
+        }
     }
     figure
 }
@@ -1106,6 +1110,48 @@ mod tests {
             matches!(&row.figures["c"], Figure::Missing { reason } if reason == "did not start")
         );
         assert_eq!(row.rounds["a"], [30.0, 10.0, 20.0]);
+    }
+
+    #[test]
+    fn a_cpu_figure_and_its_kernel_share_are_set_together_or_missing_together() {
+        let mut rows = Rows::new();
+        for key in ["whole", "kernel"] {
+            rows.insert(key.into(), Row::new(key, "us"));
+        }
+        let done = workloads::Outcome {
+            ok: 10,
+            failed: 0,
+            bytes: 0,
+            first_error: None,
+        };
+        let cpu = CpuSplit {
+            user: 0.003,
+            system: 0.001,
+        };
+        let whole = cpu_per_unit(
+            &mut rows,
+            ("whole", "kernel"),
+            "ours",
+            "test",
+            Ok((cpu, done)),
+            &PER_CONNECTION,
+        );
+        assert!((whole.unwrap() - 400.0).abs() < 1e-9);
+        assert!((rows["kernel"].rounds["ours"][0] - 100.0).abs() < 1e-9);
+
+        let failed = cpu_per_unit(
+            &mut rows,
+            ("whole", "kernel"),
+            "peer",
+            "test",
+            Err(anyhow::anyhow!("no /proc entry")),
+            &PER_CONNECTION,
+        );
+        assert!(failed.is_err());
+        let kernel = rows.remove("kernel").unwrap().finish();
+        assert!(
+            matches!(&kernel.figures["peer"], Figure::Missing { reason } if reason == "no /proc entry")
+        );
     }
 
     #[test]

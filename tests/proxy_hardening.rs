@@ -817,7 +817,6 @@ fn proxy_rss(proxy: &ProxyProcess) -> u64 {
 }
 
 // ---------------------------------------------------------------------------------------
-
 // 5. The admin listener
 
 /// 200 admin connections with unfinished request heads stayed open forever; now at most

@@ -151,7 +151,7 @@ pub struct Row {
     pub unit: String,
     /// Column label -> figure (the median over the rounds).
     pub figures: BTreeMap<String, Figure>,
-    /// Column label -> every round's value, in round order.
+    /// Column label -> every round's value, in round order (from `by_round`, at the end).
     pub rounds: BTreeMap<String, Vec<f64>>,
     /// Column label -> its ratio to nginx: the median over the rounds of the two columns'
     /// ratio within each round (rows of their own, not the indented parts of one).
@@ -161,7 +161,8 @@ pub struct Row {
     /// The first reason a round had no value, per column.
     #[serde(skip)]
     errors: BTreeMap<String, String>,
-    /// The round being measured, and each column's value by round, for the paired ratios.
+    /// The round being measured, and each column's value by round: the medians' and the
+    /// paired ratios' source.
     #[serde(skip)]
     round: usize,
     #[serde(skip)]
@@ -187,7 +188,6 @@ impl Row {
     fn set(&mut self, column: &str, figure: Result<f64>) {
         match figure {
             Ok(v) if v.is_finite() => {
-                self.rounds.entry(column.to_owned()).or_default().push(v);
                 self.by_round
                     .entry(column.to_owned())
                     .or_default()
@@ -208,6 +208,11 @@ impl Row {
 
     /// The figures: each column's median over its rounds, or the first reason it has none.
     fn finish(mut self) -> Self {
+        self.rounds = self
+            .by_round
+            .iter()
+            .map(|(c, values)| (c.clone(), values.values().copied().collect()))
+            .collect();
         let columns: std::collections::BTreeSet<String> = self
             .rounds
             .keys()
@@ -1095,11 +1100,15 @@ mod tests {
     #[test]
     fn a_figure_is_the_median_of_its_rounds_and_a_failed_round_does_not_hide_the_others() {
         let mut row = Row::new("r", "us");
-        for v in [30.0, 10.0, 20.0] {
+        for (round, v) in [(1, 30.0), (2, 10.0), (3, 20.0)] {
+            row.round = round;
             row.set("a", Ok(v));
         }
+        row.round = 1;
         row.set("b", Ok(4.0));
+        row.round = 2;
         row.set("b", Err(anyhow::anyhow!("refused")));
+        row.round = 3;
         row.set("b", Ok(2.0));
         row.set("c", Err(anyhow::anyhow!("did not start")));
         row.set("c", Ok(f64::NAN));
@@ -1137,7 +1146,7 @@ mod tests {
             &PER_CONNECTION,
         );
         assert!((whole.unwrap() - 400.0).abs() < 1e-9);
-        assert!((rows["kernel"].rounds["ours"][0] - 100.0).abs() < 1e-9);
+        assert!((rows["kernel"].by_round["ours"][&1] - 100.0).abs() < 1e-9);
 
         let failed = cpu_per_unit(
             &mut rows,

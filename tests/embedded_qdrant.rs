@@ -4,9 +4,8 @@
 
 use e2e::*;
 use qdrant_client::qdrant::{
-    CountPointsBuilder, CreateCollectionBuilder, CreateFieldIndexCollectionBuilder, Distance,
-    FieldType, GetPointsBuilder, PointStruct, QueryPointsBuilder, UpsertPointsBuilder,
-    VectorParamsBuilder,
+    CountPointsBuilder, CreateCollectionBuilder, Distance, GetPointsBuilder, PointStruct,
+    QueryPointsBuilder, UpsertPointsBuilder, VectorParamsBuilder,
 };
 use qdrant_client::{Payload, Qdrant};
 use serde_json::json;
@@ -93,17 +92,11 @@ async fn official_client_over_grpc() {
         .await
         .unwrap_err();
     assert!(err.to_string().contains("doesn't exist"), "{err}");
-    let err = client
-        .create_field_index(CreateFieldIndexCollectionBuilder::new(
-            "vectors",
-            "doc",
-            FieldType::Keyword,
-        ))
-        .await
-        .unwrap_err();
+    // A call it does not serve names itself (snapshots are not kept).
+    let err = client.create_snapshot("vectors").await.unwrap_err();
     assert!(
         err.to_string()
-            .contains("qdrant.Points/CreateFieldIndex is not implemented"),
+            .contains("qdrant.Snapshots/Create is not implemented"),
         "{err}"
     );
 

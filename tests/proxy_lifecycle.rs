@@ -100,6 +100,11 @@ fn startup_errors_name_the_problem() {
     assert!(status.success(), "{out}");
     assert!(out.contains("provider = \"ring\""), "{out}");
     assert!(out.contains("max_request_body_bytes = 33554432"), "{out}");
+    // ...with the groups the provider really offers: ring has no ML-KEM.
+    assert!(
+        out.contains("provider ring (ring 0.17) offers key exchange x25519, secp256r1, secp384r1"),
+        "{out}"
+    );
     std::fs::remove_dir_all(&dir).ok();
 }
 

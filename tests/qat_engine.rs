@@ -1,16 +1,23 @@
-//! openssl-qat against the real QAT_Engine provider, built in software mode (qat_sw:
-//! multi-buffer RSA and ECDSA on AVX-512) by tests/qat/build-qat-sw.sh. No QAT device
-//! exists here; qat_sw is the same provider code path a device uses (asynchronous jobs,
-//! the provider's polling thread, its configuration section), with the arithmetic done by
-//! crypto_mb instead of the device.
+//! openssl-qat against the real QAT_Engine provider, installed as Intel's installation
+//! guide describes (QAT_Engine's README, "Installation Instructions"; deploy/QAT.md names
+//! the versions tested): with QAT hardware, or in software mode (qat_sw: multi-buffer RSA
+//! and ECDSA on AVX-512 IFMA), which is the same provider code path a device uses
+//! (asynchronous jobs, the provider's polling thread, its configuration section) with the
+//! arithmetic done by crypto_mb instead of the device.
 //!
-//! Opt-in: building the fixture takes about 12 minutes and needs GitHub, which CI does not
-//! have. Run with
+//! Opt-in: this project ships no build of it. Each test takes the `ossl-modules`
+//! directory of an installed provider from an environment variable and says so and stops
+//! when it is not set:
 //!
 //! ```text
-//! tests/qat/build-qat-sw.sh          # once; prints the prefix (QAT_SW_PREFIX to override)
-//! cargo build -p proxy && cargo test -p e2e --test qat_engine -- --ignored
+//! QAT_PROVIDER_DIR=/usr/local/lib64/ossl-modules \
+//!     cargo test -p e2e --test qat_engine -- --ignored
 //! ```
+//!
+//! `QAT_PROVIDER_DEBUG_DIR` names a build configured with `--enable-qat_debug` (the test
+//! that reads the provider's own log of its settings), `QAT_PROVIDER_STOCK_DIR` one as
+//! released, on a CPU where it switches qat_sw off (the test of a provider that loads but
+//! does not offload).
 
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
@@ -20,31 +27,30 @@ use bytes::Bytes;
 use e2e::*;
 use proxy::crypto::{CertAlgorithmName, ProviderName};
 
-/// Where build-qat-sw.sh installed the fixture.
-fn fixture() -> PathBuf {
-    let prefix = std::env::var_os("QAT_SW_PREFIX")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(std::env::var_os("HOME").expect("HOME")).join(".cache/qat-sw/v1.8.1")
-        });
+/// The `ossl-modules` directory of an installed QAT_Engine provider named by `var`, or
+/// None, having said why the test does not run, when it is unset or holds no
+/// qatprovider.so.
+fn installed_provider(var: &str) -> Option<String> {
+    let Some(dir) = std::env::var_os(var).map(PathBuf::from) else {
+        eprintln!(
+            "skipped: {var} is not set; set it to the ossl-modules directory of a QAT_Engine \
+             provider installed per Intel's guide (see deploy/QAT.md)"
+        );
+        return None;
+    };
     assert!(
-        prefix.join(".built").is_file(),
-        "no QAT_Engine qat_sw fixture at {}: run tests/qat/build-qat-sw.sh (or set QAT_SW_PREFIX)",
-        prefix.display()
+        dir.join("qatprovider.so").is_file(),
+        "{var}={}: no qatprovider.so there",
+        dir.display()
     );
-    prefix
+    Some(dir.display().to_string())
 }
 
-fn modules(build: &str) -> String {
-    if build != "stock" {
-        require_avx512_ifma();
-    }
-    let dir = match build {
-        "release" => fixture().join("lib/ossl-modules"),
-        other => fixture().join(other).join("lib/ossl-modules"),
-    };
-    assert!(dir.join("qatprovider.so").is_file(), "{}", dir.display());
-    dir.display().to_string()
+/// An installed provider that can sign on this CPU (see [`require_avx512_ifma`]).
+fn modules(var: &str) -> Option<String> {
+    let dir = installed_provider(var)?;
+    require_avx512_ifma();
+    Some(dir)
 }
 
 /// qat_sw signs RSA and ECDSA with crypto_mb's AVX-512 IFMA code; QAT_Engine v1.8.1 still
@@ -63,13 +69,15 @@ const CONCURRENT: usize = 32;
 
 /// Signatures go to qatprovider in batches (the proof's eight, then handshakes arriving
 /// together), a lone handshake is signed in software instead of waiting for a batch, and
-/// the record layer stays on OpenSSL's default provider: this fixture keeps qat_sw's
-/// AES-GCM enabled, whose decryption crashes when the record layer is routed to it.
+/// the record layer stays on OpenSSL's default provider (a qat_sw build with its AES-GCM
+/// enabled crashes in decryption when the record layer is routed to it).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs the QAT_Engine qat_sw fixture: tests/qat/build-qat-sw.sh"]
+#[ignore = "needs an installed QAT_Engine provider: QAT_PROVIDER_DIR (deploy/QAT.md)"]
 async fn qat_sw_signs_concurrent_handshakes_in_batches_and_leaves_the_record_layer_alone() {
     let upstream = EchoUpstream::start();
-    let modules = modules("release");
+    let Some(modules) = modules("QAT_PROVIDER_DIR") else {
+        return;
+    };
     for alg in [
         CertAlgorithmName::Rsa2048,
         CertAlgorithmName::EcdsaP256,
@@ -180,17 +188,12 @@ async fn qat_sw_signs_concurrent_handshakes_in_batches_and_leaves_the_record_lay
 /// provider (not "key does not match certificate"), and P-256 signs without ever pausing
 /// its job (loaded but not offloading).
 #[test]
-#[ignore = "needs the QAT_Engine qat_sw fixture: tests/qat/build-qat-sw.sh"]
+#[ignore = "needs an installed QAT_Engine provider: QAT_PROVIDER_DIR (deploy/QAT.md)"]
 fn a_provider_that_is_loaded_but_not_offloading_is_named_as_such() {
-    let stock = fixture().join("stock/lib/ossl-modules");
-    if !stock.is_dir() {
-        // On an Intel CPU the released build offloads; there is no stock variant to test.
-        assert!(std::fs::read_to_string("/proc/cpuinfo")
-            .unwrap_or_default()
-            .contains("GenuineIntel"));
+    // On an Intel CPU the released build offloads: there is nothing of this kind to test.
+    let Some(stock) = installed_provider("QAT_PROVIDER_STOCK_DIR") else {
         return;
-    }
-    let stock = stock.display().to_string();
+    };
     let start = |alg: CertAlgorithmName, extra: &[&str]| {
         let mut flags = vec!["--provider", "openssl-qat", "--qat-module-path", &stock];
         flags.extend_from_slice(extra);
@@ -211,9 +214,11 @@ fn a_provider_that_is_loaded_but_not_offloading_is_named_as_such() {
 /// fails after its timeout instead of the proxy hanging, which is why the proxy refuses
 /// `qat.polling = "external"` itself.
 #[test]
-#[ignore = "needs the QAT_Engine qat_sw fixture: tests/qat/build-qat-sw.sh"]
+#[ignore = "needs an installed QAT_Engine provider: QAT_PROVIDER_DIR (deploy/QAT.md)"]
 fn the_provider_reads_the_settings_the_proxy_writes() {
-    let debug = modules("debug");
+    let Some(debug) = modules("QAT_PROVIDER_DEBUG_DIR") else {
+        return;
+    };
     let (cert, key) = server_cert(CertAlgorithmName::Rsa2048);
     let (cert, key) = (cert.display().to_string(), key.display().to_string());
     // Start, prove, then exit on SIGTERM: run it as a real server for a moment.
@@ -282,9 +287,11 @@ fn the_provider_reads_the_settings_the_proxy_writes() {
 /// RSA verification ran in qatprovider. Runs on any CPU: the openssl-qat listener may fall
 /// back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs the QAT_Engine qat_sw fixture: tests/qat/build-qat-sw.sh"]
+#[ignore = "needs an installed QAT_Engine provider: QAT_PROVIDER_DIR (deploy/QAT.md)"]
 async fn software_openssl_listeners_beside_qat_start_and_serve_rsa() {
-    let modules = fixture().join("lib/ossl-modules");
+    let Some(modules) = installed_provider("QAT_PROVIDER_DIR") else {
+        return;
+    };
     let upstream = EchoUpstream::start();
     let (qat_cert, qat_key) = server_cert(CertAlgorithmName::EcdsaP256);
     let (rsa_cert, rsa_key) = server_cert(CertAlgorithmName::Rsa2048);
@@ -299,7 +306,7 @@ async fn software_openssl_listeners_beside_qat_start_and_serve_rsa() {
              cert = \"{}\"\nkey = \"{}\"\nupstream = \"{}\"\n\
              [[listener]]\nname = \"software\"\nlisten = \"127.0.0.1:0\"\n\
              cert = \"{}\"\nkey = \"{}\"\nupstream = \"{}\"\n",
-            modules.display(),
+            modules,
             qat_cert.display(),
             qat_key.display(),
             upstream.url(),

@@ -1,6 +1,7 @@
 //! Qdrant's gRPC API (HTTP/2 cleartext) over the store, on the message types and server
-//! traits generated in the `qdrant-client` crate. Filters are REST-only here: a gRPC request
-//! with a filter gets UNIMPLEMENTED rather than an unfiltered answer.
+//! traits generated in the `qdrant-client` crate. Filters are read by the engine's REST
+//! parser (`grpc_filter`), so they mean the same over both APIs; a condition the server
+//! cannot evaluate gets UNIMPLEMENTED rather than an unfiltered answer.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -14,15 +15,16 @@ use qdrant_client::qdrant::{
     with_vectors_selector::SelectorOptions as VectorSel,
 };
 use qdrant_edge::{
-    CountRequest, NamedQuery, Payload, PointId, PointInsertOperations, PointOperations,
-    PointStructPersisted, QueryEnum, Record, ScoredPoint, ScrollRequest, SearchRequest,
-    UpdateOperation, VectorInternal, VectorPersisted, VectorStructPersisted, WithPayloadInterface,
-    WithVector,
+    CountRequest, CreateIndex, DeletePayloadOp, FieldIndexOperations, Filter, JsonPath, NamedQuery,
+    Payload, PayloadOps, PointId, PointInsertOperations, PointOperations, PointStructPersisted,
+    QueryEnum, Record, ScoredPoint, ScrollRequest, SearchRequest, SetPayloadOp, UpdateOperation,
+    VectorInternal, VectorPersisted, VectorStructPersisted, WithPayloadInterface, WithVector,
 };
 use tonic::{Request, Response, Status};
 
-use crate::convert::dense_vector;
-use crate::store::{parse_distance, Store, StoreError, VectorParams};
+use crate::convert::{dense_vector, ReportedConfig};
+use crate::grpc_filter;
+use crate::store::{parse_distance, AliasChange, Store, StoreError, VectorParams};
 
 /// The gRPC services' shared state.
 #[derive(Clone)]
@@ -35,19 +37,89 @@ pub struct Grpc {
 
 fn status(e: StoreError) -> Status {
     match e {
-        StoreError::NoCollection(_) => Status::not_found(e.to_string()),
+        StoreError::NoCollection(_) | StoreError::NoAlias(_) => Status::not_found(e.to_string()),
         StoreError::Exists(_) => Status::already_exists(e.to_string()),
         StoreError::BadRequest(_) => Status::invalid_argument(e.to_string()),
         StoreError::Internal(_) => Status::internal(e.to_string()),
     }
 }
 
-fn no_filter(filter: &Option<pb::Filter>) -> Result<(), Status> {
-    match filter {
-        Some(_) => Err(Status::unimplemented(
-            "filters over gRPC are not implemented by embedded-qdrant (use the REST API)",
-        )),
-        None => Ok(()),
+/// Which points an operation applies to: ids, or a filter.
+enum Selection {
+    Ids(Vec<PointId>),
+    Filter(Filter),
+}
+
+impl Selection {
+    /// As the engine's payload operations take it: ids or a filter, one of them set.
+    fn split(self) -> (Option<Vec<PointId>>, Option<Filter>) {
+        match self {
+            Selection::Ids(ids) => (Some(ids), None),
+            Selection::Filter(f) => (None, Some(f)),
+        }
+    }
+}
+
+fn selection(sel: Option<pb::PointsSelector>) -> Result<Selection, Status> {
+    match sel.and_then(|p| p.points_selector_one_of) {
+        Some(PointsSelectorOneOf::Points(list)) => list
+            .ids
+            .iter()
+            .map(|id| point_id(Some(id)))
+            .collect::<Result<Vec<_>, _>>()
+            .map(Selection::Ids),
+        Some(PointsSelectorOneOf::Filter(f)) => grpc_filter::to_engine(&f).map(Selection::Filter),
+        None => Err(Status::invalid_argument("points selector missing")),
+    }
+}
+
+fn json_payload(payload: &HashMap<String, pb::Value>) -> Payload {
+    Payload(
+        payload
+            .iter()
+            .map(|(k, v)| (k.clone(), value_to_json(v)))
+            .collect(),
+    )
+}
+
+fn json_path(key: &str) -> Result<JsonPath, Status> {
+    key.parse()
+        .map_err(|_| Status::invalid_argument(format!("Wrong input: {key:?} is not a payload key")))
+}
+
+/// A payload index's type as the protocol numbers it (`qdrant.PayloadSchemaType`).
+fn schema_type_out(t: &qdrant_edge::PayloadSchemaType) -> i32 {
+    let name = serde_json::to_value(t)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_owned))
+        .unwrap_or_default();
+    let mut proto_name = name.clone();
+    if let Some(first) = proto_name.get_mut(0..1) {
+        first.make_ascii_uppercase();
+    }
+    pb::PayloadSchemaType::from_str_name(&proto_name).unwrap_or(pb::PayloadSchemaType::UnknownType)
+        as i32
+}
+
+/// A payload index's type from the protocol, in the engine's (REST) spelling.
+fn schema_type_in(field_type: i32) -> Result<qdrant_edge::PayloadFieldSchema, Status> {
+    let t = pb::FieldType::try_from(field_type)
+        .map_err(|_| Status::invalid_argument(format!("unknown field type {field_type}")))?;
+    serde_json::from_value(serde_json::Value::String(
+        t.as_str_name()
+            .trim_start_matches("FieldType")
+            .to_ascii_lowercase(),
+    ))
+    .map_err(|e| Status::invalid_argument(format!("field type {}: {e}", t.as_str_name())))
+}
+
+/// A protobuf diff's set fields, in the REST diff form [`crate::store::Collection::update_config`] takes.
+fn diff_json<T: serde::Serialize>(pairs: T) -> Option<serde_json::Map<String, serde_json::Value>> {
+    match serde_json::to_value(pairs) {
+        Ok(serde_json::Value::Object(m)) => {
+            Some(m.into_iter().filter(|(_, v)| !v.is_null()).collect())
+        }
+        _ => None,
     }
 }
 
@@ -55,7 +127,8 @@ fn secs(started: Instant) -> f64 {
     started.elapsed().as_secs_f64()
 }
 
-fn point_id(id: Option<&pb::PointId>) -> Result<PointId, Status> {
+/// A point id from the protocol.
+pub(crate) fn point_id(id: Option<&pb::PointId>) -> Result<PointId, Status> {
     match id.and_then(|p| p.point_id_options.as_ref()) {
         Some(PointIdOptions::Num(n)) => Ok(PointId::NumId(*n)),
         Some(PointIdOptions::Uuid(s)) => uuid::Uuid::parse_str(s)
@@ -187,6 +260,7 @@ fn with_vectors(sel: &Option<pb::WithVectorsSelector>) -> bool {
 /// A nearest-vector search, as Search and Query both ask for it.
 struct Nearest {
     vector: Vec<f32>,
+    filter: Option<Filter>,
     using: Option<String>,
     limit: usize,
     offset: usize,
@@ -201,8 +275,8 @@ impl Grpc {
         _request: Request<pb::HealthCheckRequest>,
     ) -> Result<Response<pb::HealthCheckReply>, Status> {
         Ok(Response::new(pb::HealthCheckReply {
-            title: "qdrant - vector search engine (embedded-qdrant)".to_owned(),
-            version: concat!("embedded-qdrant ", env!("CARGO_PKG_VERSION")).to_owned(),
+            title: crate::SERVER_TITLE.to_owned(),
+            version: crate::QDRANT_API_VERSION.to_owned(),
             commit: None,
         }))
     }
@@ -253,21 +327,45 @@ impl Grpc {
             .get(&request.get_ref().collection_name)
             .map_err(status)?;
         let count = c.count().await.map_err(status)? as u64;
+        let info = c.info().await.map_err(status)?;
+        let config = ReportedConfig::of(&c.config());
         let distance = match c.params.distance {
             qdrant_edge::Distance::Cosine => pb::Distance::Cosine,
             qdrant_edge::Distance::Euclid => pb::Distance::Euclid,
             qdrant_edge::Distance::Dot => pb::Distance::Dot,
             qdrant_edge::Distance::Manhattan => pb::Distance::Manhattan,
         };
+        let h = &config.hnsw;
+        let payload_schema = info
+            .payload_schema
+            .iter()
+            .map(|(key, index)| {
+                (
+                    key.to_string(),
+                    pb::PayloadSchemaInfo {
+                        data_type: schema_type_out(&index.data_type),
+                        params: None,
+                        points: Some(index.points as u64),
+                    },
+                )
+            })
+            .collect();
         Ok(Response::new(pb::GetCollectionInfoResponse {
             result: Some(pb::CollectionInfo {
                 status: pb::CollectionStatus::Green as i32,
-                segments_count: c.segments() as u64,
+                optimizer_status: Some(pb::OptimizerStatus {
+                    ok: true,
+                    error: String::new(),
+                }),
+                segments_count: info.segments_count as u64,
                 points_count: Some(count),
-                indexed_vectors_count: Some(0),
+                indexed_vectors_count: Some(info.indexed_vectors_count as u64),
+                payload_schema,
                 config: Some(pb::CollectionConfig {
                     params: Some(pb::CollectionParams {
                         shard_number: 1,
+                        replication_factor: Some(1),
+                        write_consistency_factor: Some(1),
                         vectors_config: Some(pb::VectorsConfig {
                             config: Some(vectors_config::Config::Params(pb::VectorParams {
                                 size: c.params.size as u64,
@@ -277,12 +375,273 @@ impl Grpc {
                         }),
                         ..Default::default()
                     }),
+                    hnsw_config: Some(pb::HnswConfigDiff {
+                        m: Some(h.m as u64),
+                        ef_construct: Some(h.ef_construct as u64),
+                        full_scan_threshold: Some(h.full_scan_threshold as u64),
+                        max_indexing_threads: Some(h.max_indexing_threads as u64),
+                        payload_m: h.payload_m.map(|m| m as u64),
+                        ..Default::default()
+                    }),
+                    optimizer_config: Some(pb::OptimizersConfigDiff {
+                        deleted_threshold: Some(config.deleted_threshold),
+                        vacuum_min_vector_number: Some(config.vacuum_min_vector_number as u64),
+                        default_segment_number: Some(config.default_segment_number as u64),
+                        max_segment_size: config.max_segment_size.map(|s| s as u64),
+                        indexing_threshold: Some(config.indexing_threshold as u64),
+                        flush_interval_sec: Some(config.flush_interval_sec),
+                        prevent_unoptimized: config.prevent_unoptimized,
+                        ..Default::default()
+                    }),
+                    wal_config: Some(pb::WalConfigDiff {
+                        wal_capacity_mb: Some(config.wal_capacity_mb as u64),
+                        wal_segments_ahead: Some(config.wal_segments_ahead as u64),
+                        wal_retain_closed: None,
+                    }),
                     ..Default::default()
                 }),
                 ..Default::default()
             }),
             time: secs(started),
         }))
+    }
+
+    pub(crate) async fn collection_update(
+        &self,
+        request: Request<pb::UpdateCollection>,
+    ) -> Result<Response<pb::CollectionOperationResponse>, Status> {
+        let started = Instant::now();
+        let req = request.into_inner();
+        let refused = [
+            ("params", req.params.is_some()),
+            ("vectors_config", req.vectors_config.is_some()),
+            ("quantization_config", req.quantization_config.is_some()),
+            ("sparse_vectors_config", req.sparse_vectors_config.is_some()),
+            ("strict_mode_config", req.strict_mode_config.is_some()),
+            ("metadata", !req.metadata.is_empty()),
+        ];
+        if let Some((field, _)) = refused.iter().find(|(_, set)| *set) {
+            return Err(Status::invalid_argument(format!(
+                "Wrong input: updating {field} is not supported by embedded-qdrant"
+            )));
+        }
+        let c = self.store.get(&req.collection_name).map_err(status)?;
+        // `on_disk` is deprecated in the protocol but still what older clients send.
+        #[allow(deprecated)]
+        let hnsw = req.hnsw_config.map(|h| {
+            diff_json(serde_json::json!({
+                "m": h.m, "ef_construct": h.ef_construct,
+                "full_scan_threshold": h.full_scan_threshold,
+                "max_indexing_threads": h.max_indexing_threads,
+                "on_disk": h.on_disk, "payload_m": h.payload_m,
+            }))
+            .unwrap_or_default()
+        });
+        let optimizers = req.optimizers_config.map(|o| {
+            diff_json(serde_json::json!({
+                "deleted_threshold": o.deleted_threshold,
+                "vacuum_min_vector_number": o.vacuum_min_vector_number,
+                "default_segment_number": o.default_segment_number,
+                "max_segment_size": o.max_segment_size,
+                "memmap_threshold": o.memmap_threshold,
+                "indexing_threshold": o.indexing_threshold,
+                "flush_interval_sec": o.flush_interval_sec,
+                "max_optimization_threads": o.max_optimization_threads.map(|_| true),
+                "prevent_unoptimized": o.prevent_unoptimized,
+            }))
+            .unwrap_or_default()
+        });
+        c.update_config(hnsw, optimizers).await.map_err(status)?;
+        Ok(Response::new(pb::CollectionOperationResponse {
+            result: true,
+            time: secs(started),
+        }))
+    }
+
+    pub(crate) async fn collection_update_aliases(
+        &self,
+        request: Request<pb::ChangeAliases>,
+    ) -> Result<Response<pb::CollectionOperationResponse>, Status> {
+        use pb::alias_operations::Action;
+        let started = Instant::now();
+        let changes = request
+            .into_inner()
+            .actions
+            .into_iter()
+            .map(|a| match a.action {
+                Some(Action::CreateAlias(c)) => Ok(AliasChange::Create {
+                    collection: c.collection_name,
+                    alias: c.alias_name,
+                }),
+                Some(Action::DeleteAlias(d)) => Ok(AliasChange::Delete {
+                    alias: d.alias_name,
+                }),
+                Some(Action::RenameAlias(r)) => Ok(AliasChange::Rename {
+                    old: r.old_alias_name,
+                    new: r.new_alias_name,
+                }),
+                None => Err(Status::invalid_argument("alias action missing")),
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        self.store.change_aliases(&changes).map_err(status)?;
+        Ok(Response::new(pb::CollectionOperationResponse {
+            result: true,
+            time: secs(started),
+        }))
+    }
+
+    fn aliases_out(&self, of: Option<&str>, started: Instant) -> pb::ListAliasesResponse {
+        pb::ListAliasesResponse {
+            aliases: self
+                .store
+                .aliases(of)
+                .into_iter()
+                .map(|(alias_name, collection_name)| pb::AliasDescription {
+                    alias_name,
+                    collection_name,
+                })
+                .collect(),
+            time: secs(started),
+        }
+    }
+
+    pub(crate) async fn collection_list_aliases(
+        &self,
+        request: Request<pb::ListCollectionAliasesRequest>,
+    ) -> Result<Response<pb::ListAliasesResponse>, Status> {
+        let started = Instant::now();
+        let c = self
+            .store
+            .get(&request.get_ref().collection_name)
+            .map_err(status)?;
+        Ok(Response::new(self.aliases_out(Some(&c.name), started)))
+    }
+
+    pub(crate) async fn list_aliases(
+        &self,
+        _request: Request<pb::ListAliasesRequest>,
+    ) -> Result<Response<pb::ListAliasesResponse>, Status> {
+        Ok(Response::new(self.aliases_out(None, Instant::now())))
+    }
+
+    pub(crate) async fn points_create_field_index(
+        &self,
+        request: Request<pb::CreateFieldIndexCollection>,
+    ) -> Result<Response<pb::PointsOperationResponse>, Status> {
+        let started = Instant::now();
+        let req = request.into_inner();
+        if req.field_index_params.is_some() {
+            return Err(Status::unimplemented(
+                "payload index parameters are not implemented by embedded-qdrant (give the field type only)",
+            ));
+        }
+        let field_schema = req.field_type.map(schema_type_in).transpose()?;
+        let op =
+            UpdateOperation::FieldIndexOperation(FieldIndexOperations::CreateIndex(CreateIndex {
+                field_name: json_path(&req.field_name)?,
+                field_schema,
+            }));
+        self.apply(&req.collection_name, op, req.wait.unwrap_or(false), started)
+            .await
+    }
+
+    pub(crate) async fn points_delete_field_index(
+        &self,
+        request: Request<pb::DeleteFieldIndexCollection>,
+    ) -> Result<Response<pb::PointsOperationResponse>, Status> {
+        let started = Instant::now();
+        let req = request.into_inner();
+        let op = UpdateOperation::FieldIndexOperation(FieldIndexOperations::DeleteIndex(
+            json_path(&req.field_name)?,
+        ));
+        self.apply(&req.collection_name, op, req.wait.unwrap_or(false), started)
+            .await
+    }
+
+    async fn payload_change(
+        &self,
+        req: pb::SetPayloadPoints,
+        overwrite: bool,
+    ) -> Result<Response<pb::PointsOperationResponse>, Status> {
+        let started = Instant::now();
+        let (points, filter) = selection(req.points_selector)?.split();
+        let op = SetPayloadOp {
+            payload: json_payload(&req.payload),
+            points,
+            filter,
+            key: req.key.as_deref().map(json_path).transpose()?,
+        };
+        let op = if overwrite {
+            PayloadOps::OverwritePayload(op)
+        } else {
+            PayloadOps::SetPayload(op)
+        };
+        self.apply(
+            &req.collection_name,
+            UpdateOperation::PayloadOperation(op),
+            req.wait.unwrap_or(false),
+            started,
+        )
+        .await
+    }
+
+    pub(crate) async fn points_set_payload(
+        &self,
+        request: Request<pb::SetPayloadPoints>,
+    ) -> Result<Response<pb::PointsOperationResponse>, Status> {
+        self.payload_change(request.into_inner(), false).await
+    }
+
+    pub(crate) async fn points_overwrite_payload(
+        &self,
+        request: Request<pb::SetPayloadPoints>,
+    ) -> Result<Response<pb::PointsOperationResponse>, Status> {
+        self.payload_change(request.into_inner(), true).await
+    }
+
+    pub(crate) async fn points_delete_payload(
+        &self,
+        request: Request<pb::DeletePayloadPoints>,
+    ) -> Result<Response<pb::PointsOperationResponse>, Status> {
+        let started = Instant::now();
+        let req = request.into_inner();
+        let (points, filter) = selection(req.points_selector)?.split();
+        let keys = req
+            .keys
+            .iter()
+            .map(|k| json_path(k))
+            .collect::<Result<Vec<_>, _>>()?;
+        let op = PayloadOps::DeletePayload(DeletePayloadOp {
+            keys,
+            points,
+            filter,
+        });
+        self.apply(
+            &req.collection_name,
+            UpdateOperation::PayloadOperation(op),
+            req.wait.unwrap_or(false),
+            started,
+        )
+        .await
+    }
+
+    pub(crate) async fn points_clear_payload(
+        &self,
+        request: Request<pb::ClearPayloadPoints>,
+    ) -> Result<Response<pb::PointsOperationResponse>, Status> {
+        let started = Instant::now();
+        let req = request.into_inner();
+        let op = match selection(req.points)? {
+            Selection::Ids(points) => PayloadOps::ClearPayload { points },
+            Selection::Filter(f) => PayloadOps::ClearPayloadByFilter(f),
+        };
+        self.apply(
+            &req.collection_name,
+            UpdateOperation::PayloadOperation(op),
+            req.wait.unwrap_or(false),
+            started,
+        )
+        .await
     }
 
     pub(crate) async fn collection_list(
@@ -401,20 +760,10 @@ impl Grpc {
     ) -> Result<Response<pb::PointsOperationResponse>, Status> {
         let started = Instant::now();
         let req = request.into_inner();
-        let ids = match req.points.and_then(|p| p.points_selector_one_of) {
-            Some(PointsSelectorOneOf::Points(list)) => list
-                .ids
-                .iter()
-                .map(|id| point_id(Some(id)))
-                .collect::<Result<Vec<_>, _>>()?,
-            Some(PointsSelectorOneOf::Filter(_)) => {
-                return Err(Status::unimplemented(
-                    "delete by filter over gRPC is not implemented by embedded-qdrant",
-                ))
-            }
-            None => return Err(Status::invalid_argument("points selector missing")),
-        };
-        let op = UpdateOperation::PointOperation(PointOperations::DeletePoints { ids });
+        let op = UpdateOperation::PointOperation(match selection(req.points)? {
+            Selection::Ids(ids) => PointOperations::DeletePoints { ids },
+            Selection::Filter(f) => PointOperations::DeletePointsByFilter(f),
+        });
         self.apply(&req.collection_name, op, req.wait.unwrap_or(false), started)
             .await
     }
@@ -449,6 +798,7 @@ impl Grpc {
     async fn nearest(&self, collection: &str, q: Nearest) -> Result<Vec<pb::ScoredPoint>, Status> {
         let Nearest {
             vector,
+            filter,
             using,
             limit,
             offset,
@@ -470,7 +820,7 @@ impl Grpc {
                     query: VectorInternal::Dense(vector),
                     using: using.filter(|u| !u.is_empty()),
                 }),
-                filter: None,
+                filter,
                 params: None,
                 limit,
                 offset,
@@ -489,12 +839,13 @@ impl Grpc {
     ) -> Result<Response<pb::SearchResponse>, Status> {
         let started = Instant::now();
         let req = request.into_inner();
-        no_filter(&req.filter)?;
+        let filter = grpc_filter::optional(&req.filter)?;
         let result = self
             .nearest(
                 &req.collection_name,
                 Nearest {
                     vector: req.vector,
+                    filter,
                     using: req.vector_name,
                     limit: req.limit as usize,
                     offset: req.offset.unwrap_or(0) as usize,
@@ -517,7 +868,7 @@ impl Grpc {
     ) -> Result<Response<pb::QueryResponse>, Status> {
         let started = Instant::now();
         let req = request.into_inner();
-        no_filter(&req.filter)?;
+        let filter = grpc_filter::optional(&req.filter)?;
         if !req.prefetch.is_empty() {
             return Err(Status::unimplemented(
                 "prefetch queries are not implemented by embedded-qdrant",
@@ -553,6 +904,7 @@ impl Grpc {
                 &req.collection_name,
                 Nearest {
                     vector,
+                    filter,
                     using: req.using,
                     limit: req.limit.unwrap_or(10) as usize,
                     offset: req.offset.unwrap_or(0) as usize,
@@ -575,11 +927,11 @@ impl Grpc {
     ) -> Result<Response<pb::CountResponse>, Status> {
         let started = Instant::now();
         let req = request.into_inner();
-        no_filter(&req.filter)?;
+        let filter = grpc_filter::optional(&req.filter)?;
         let c = self.store.get(&req.collection_name).map_err(status)?;
         let count = c
             .count_filtered(CountRequest {
-                filter: None,
+                filter,
                 exact: req.exact.unwrap_or(true),
             })
             .await
@@ -599,7 +951,7 @@ impl Grpc {
     ) -> Result<Response<pb::ScrollResponse>, Status> {
         let started = Instant::now();
         let req = request.into_inner();
-        no_filter(&req.filter)?;
+        let filter = grpc_filter::optional(&req.filter)?;
         let offset = req
             .offset
             .as_ref()
@@ -610,7 +962,7 @@ impl Grpc {
             .scroll(ScrollRequest {
                 offset,
                 limit: Some(req.limit.unwrap_or(10) as usize),
-                filter: None,
+                filter,
                 with_payload: Some(WithPayloadInterface::Bool(with_payload(
                     &req.with_payload,
                     true,

@@ -39,8 +39,7 @@ impl collections_server::Collections for Grpc {
         &self,
         request: Request<UpdateCollection>,
     ) -> Result<Response<CollectionOperationResponse>, Status> {
-        let _ = request;
-        Err(unimplemented("qdrant.Collections/Update"))
+        self.collection_update(request).await
     }
 
     async fn delete(
@@ -54,24 +53,21 @@ impl collections_server::Collections for Grpc {
         &self,
         request: Request<ChangeAliases>,
     ) -> Result<Response<CollectionOperationResponse>, Status> {
-        let _ = request;
-        Err(unimplemented("qdrant.Collections/UpdateAliases"))
+        self.collection_update_aliases(request).await
     }
 
     async fn list_collection_aliases(
         &self,
         request: Request<ListCollectionAliasesRequest>,
     ) -> Result<Response<ListAliasesResponse>, Status> {
-        let _ = request;
-        Err(unimplemented("qdrant.Collections/ListCollectionAliases"))
+        self.collection_list_aliases(request).await
     }
 
     async fn list_aliases(
         &self,
         request: Request<ListAliasesRequest>,
     ) -> Result<Response<ListAliasesResponse>, Status> {
-        let _ = request;
-        Err(unimplemented("qdrant.Collections/ListAliases"))
+        self.list_aliases(request).await
     }
 
     async fn collection_cluster_info(
@@ -164,48 +160,42 @@ impl points_server::Points for Grpc {
         &self,
         request: Request<SetPayloadPoints>,
     ) -> Result<Response<PointsOperationResponse>, Status> {
-        let _ = request;
-        Err(unimplemented("qdrant.Points/SetPayload"))
+        self.points_set_payload(request).await
     }
 
     async fn overwrite_payload(
         &self,
         request: Request<SetPayloadPoints>,
     ) -> Result<Response<PointsOperationResponse>, Status> {
-        let _ = request;
-        Err(unimplemented("qdrant.Points/OverwritePayload"))
+        self.points_overwrite_payload(request).await
     }
 
     async fn delete_payload(
         &self,
         request: Request<DeletePayloadPoints>,
     ) -> Result<Response<PointsOperationResponse>, Status> {
-        let _ = request;
-        Err(unimplemented("qdrant.Points/DeletePayload"))
+        self.points_delete_payload(request).await
     }
 
     async fn clear_payload(
         &self,
         request: Request<ClearPayloadPoints>,
     ) -> Result<Response<PointsOperationResponse>, Status> {
-        let _ = request;
-        Err(unimplemented("qdrant.Points/ClearPayload"))
+        self.points_clear_payload(request).await
     }
 
     async fn create_field_index(
         &self,
         request: Request<CreateFieldIndexCollection>,
     ) -> Result<Response<PointsOperationResponse>, Status> {
-        let _ = request;
-        Err(unimplemented("qdrant.Points/CreateFieldIndex"))
+        self.points_create_field_index(request).await
     }
 
     async fn delete_field_index(
         &self,
         request: Request<DeleteFieldIndexCollection>,
     ) -> Result<Response<PointsOperationResponse>, Status> {
-        let _ = request;
-        Err(unimplemented("qdrant.Points/DeleteFieldIndex"))
+        self.points_delete_field_index(request).await
     }
 
     async fn create_vector_name(
@@ -364,5 +354,52 @@ impl qdrant_server::Qdrant for Grpc {
         request: Request<HealthCheckRequest>,
     ) -> Result<Response<HealthCheckReply>, Status> {
         self.health_check(request).await
+    }
+}
+
+/// Snapshots are not kept by embedded-qdrant: every call says so by name (without this
+/// service, tonic would answer UNIMPLEMENTED with no message at all).
+#[tonic::async_trait]
+impl snapshots_server::Snapshots for Grpc {
+    async fn create(
+        &self,
+        _request: Request<CreateSnapshotRequest>,
+    ) -> Result<Response<CreateSnapshotResponse>, Status> {
+        Err(unimplemented("qdrant.Snapshots/Create"))
+    }
+
+    async fn list(
+        &self,
+        _request: Request<ListSnapshotsRequest>,
+    ) -> Result<Response<ListSnapshotsResponse>, Status> {
+        Err(unimplemented("qdrant.Snapshots/List"))
+    }
+
+    async fn delete(
+        &self,
+        _request: Request<DeleteSnapshotRequest>,
+    ) -> Result<Response<DeleteSnapshotResponse>, Status> {
+        Err(unimplemented("qdrant.Snapshots/Delete"))
+    }
+
+    async fn create_full(
+        &self,
+        _request: Request<CreateFullSnapshotRequest>,
+    ) -> Result<Response<CreateSnapshotResponse>, Status> {
+        Err(unimplemented("qdrant.Snapshots/CreateFull"))
+    }
+
+    async fn list_full(
+        &self,
+        _request: Request<ListFullSnapshotsRequest>,
+    ) -> Result<Response<ListSnapshotsResponse>, Status> {
+        Err(unimplemented("qdrant.Snapshots/ListFull"))
+    }
+
+    async fn delete_full(
+        &self,
+        _request: Request<DeleteFullSnapshotRequest>,
+    ) -> Result<Response<DeleteSnapshotResponse>, Status> {
+        Err(unimplemented("qdrant.Snapshots/DeleteFull"))
     }
 }

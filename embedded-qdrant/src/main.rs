@@ -5,6 +5,7 @@
 mod auth;
 mod convert;
 mod grpc;
+mod grpc_filter;
 mod grpc_stubs;
 mod rest;
 mod store;
@@ -15,6 +16,18 @@ use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 
 use clap::Parser;
+
+/// The Qdrant API version this server answers as: the protocol of the qdrant-client crate
+/// it is built on (its messages and service traits). The official clients compare it
+/// with their own (same major, minor within one) and warn on every start otherwise.
+pub const QDRANT_API_VERSION: &str = "1.20.0";
+
+/// `title` of `GET /` and of gRPC HealthCheck: Qdrant's own, and which server this is.
+pub const SERVER_TITLE: &str = concat!(
+    "qdrant - vector search engine (embedded-qdrant ",
+    env!("CARGO_PKG_VERSION"),
+    " on qdrant-edge 0.7.0)"
+);
 use tokio_util::sync::CancellationToken;
 
 /// A Qdrant-compatible REST and gRPC server on Qdrant's engine.
@@ -130,6 +143,10 @@ async fn run(args: Args) -> anyhow::Result<()> {
             .add_service(tonic::service::interceptor::InterceptedService::new(
                 qdrant_client::qdrant::collections_server::CollectionsServer::new(service.clone())
                     .max_decoding_message_size(MAX_GRPC_MESSAGE),
+                check_key.clone(),
+            ))
+            .add_service(tonic::service::interceptor::InterceptedService::new(
+                qdrant_client::qdrant::snapshots_server::SnapshotsServer::new(service.clone()),
                 check_key.clone(),
             ))
             .add_service(tonic::service::interceptor::InterceptedService::new(

@@ -14,17 +14,19 @@ use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use qdrant_edge::{
-    CountRequest, Filter, NamedQuery, PointId, PointInsertOperations, PointOperations, QueryEnum,
-    ScrollRequest, SearchRequest, UpdateOperation, VectorInternal, WithPayloadInterface,
-    WithVector,
+    CountRequest, CreateIndex, DeletePayloadOp, FieldIndexOperations, Filter, JsonPath, NamedQuery,
+    PayloadOps, PointId, PointInsertOperations, PointOperations, QueryEnum, ScrollRequest,
+    SearchRequest, SetPayloadOp, UpdateOperation, VectorInternal, WithPayloadInterface, WithVector,
 };
 use serde::Deserialize;
 use serde_json::{json, Value};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-use crate::convert::{id_json, record_json, scored_json};
-use crate::store::{distance_name, parse_distance, Store, StoreError, VectorParams};
+use crate::convert::{id_json, record_json, scored_json, ReportedConfig};
+use crate::store::{
+    distance_name, parse_distance, AliasChange, Collection, Store, StoreError, VectorParams,
+};
 
 /// Largest request body: a few thousand 1024-d points in JSON.
 const MAX_BODY_BYTES: usize = 256 * 1024 * 1024;
@@ -97,7 +99,7 @@ fn error(status: StatusCode, msg: &str, started: Instant) -> Reply {
 
 fn store_error(e: &StoreError, started: Instant) -> Reply {
     let status = match e {
-        StoreError::NoCollection(_) => StatusCode::NOT_FOUND,
+        StoreError::NoCollection(_) | StoreError::NoAlias(_) => StatusCode::NOT_FOUND,
         StoreError::Exists(_) => StatusCode::CONFLICT,
         StoreError::BadRequest(_) => StatusCode::BAD_REQUEST,
         StoreError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
@@ -169,11 +171,20 @@ struct SearchBody {
     options: NearestOptions,
 }
 
+/// `query` of `POST /points/query`: a vector or a point id, bare or as `{"nearest": ...}`
+/// (the official clients send the latter).
 #[derive(Deserialize)]
 #[serde(untagged)]
 enum QueryInput {
     Vector(Vec<f32>),
-    Nearest { nearest: Vec<f32> },
+    Id(PointId),
+    Nearest { nearest: NearestInput },
+}
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum NearestInput {
+    Vector(Vec<f32>),
     Id(PointId),
 }
 
@@ -219,9 +230,98 @@ struct ScrollBody {
     with_vector: Option<WithVector>,
 }
 
+/// Which points a deletion or a payload change applies to: a list of ids or a filter.
 #[derive(Deserialize)]
-struct DeletePointsBody {
-    points: Vec<PointId>,
+#[serde(untagged)]
+enum PointsSelector {
+    Ids { points: Vec<PointId> },
+    Filter { filter: Filter },
+}
+
+/// `PATCH /collections/{name}`: what the engine applies, and every other field of
+/// Qdrant's body, refused by name when set.
+#[derive(Deserialize)]
+struct UpdateCollectionBody {
+    optimizers_config: Option<serde_json::Map<String, Value>>,
+    hnsw_config: Option<serde_json::Map<String, Value>>,
+    #[serde(flatten)]
+    other: serde_json::Map<String, Value>,
+}
+
+#[derive(Deserialize)]
+struct AliasesBody {
+    actions: Vec<AliasAction>,
+}
+
+/// One action of `POST /collections/aliases`, in Qdrant's spelling.
+#[derive(Deserialize)]
+enum AliasAction {
+    #[serde(rename = "create_alias")]
+    Create {
+        collection_name: String,
+        alias_name: String,
+    },
+    #[serde(rename = "delete_alias")]
+    Delete { alias_name: String },
+    #[serde(rename = "rename_alias")]
+    Rename {
+        old_alias_name: String,
+        new_alias_name: String,
+    },
+}
+
+impl From<AliasAction> for AliasChange {
+    fn from(a: AliasAction) -> Self {
+        match a {
+            AliasAction::Create {
+                collection_name,
+                alias_name,
+            } => AliasChange::Create {
+                collection: collection_name,
+                alias: alias_name,
+            },
+            AliasAction::Delete { alias_name } => AliasChange::Delete { alias: alias_name },
+            AliasAction::Rename {
+                old_alias_name,
+                new_alias_name,
+            } => AliasChange::Rename {
+                old: old_alias_name,
+                new: new_alias_name,
+            },
+        }
+    }
+}
+
+/// `POST /collections/{name}/points/payload/delete`.
+#[derive(Deserialize)]
+struct DeletePayloadBody {
+    keys: Vec<String>,
+    #[serde(flatten)]
+    selector: PointsSelector,
+}
+
+/// Aliases in Qdrant's REST shape.
+fn aliases_json(aliases: Vec<(String, String)>) -> Value {
+    json!({"aliases": aliases.into_iter().map(|(a, c)| json!({"alias_name": a, "collection_name": c})).collect::<Vec<_>>()})
+}
+
+/// `GET /collections/{name}`: counts, the payload indexes and the configuration.
+async fn collection_json(c: &Collection) -> Result<Value, StoreError> {
+    let points = c.count().await?;
+    let info = c.info().await?;
+    let config = ReportedConfig::of(&c.config());
+    Ok(json!({
+        "status": "green",
+        "optimizer_status": "ok",
+        "points_count": points,
+        "indexed_vectors_count": info.indexed_vectors_count,
+        "segments_count": info.segments_count,
+        "config": config.rest_json(json!({
+            "size": c.params.size,
+            "distance": distance_name(c.params.distance),
+        })),
+        "payload_schema": serde_json::to_value(&info.payload_schema).unwrap_or_else(|_| json!({})),
+    }))
 }
 
 impl Rest {
@@ -258,12 +358,13 @@ impl Rest {
                 )
             }
         };
-        match (method, segments.as_slice()) {
+        match (method.clone(), segments.as_slice()) {
             (Method::GET, []) => reply(
                 StatusCode::OK,
                 json!({
-                    "title": "qdrant - vector search engine (embedded-qdrant)",
-                    "version": concat!("embedded-qdrant ", env!("CARGO_PKG_VERSION"), " (qdrant-edge 0.7.0)"),
+                    "title": crate::SERVER_TITLE,
+                    "version": crate::QDRANT_API_VERSION,
+                    "commit": null,
                 }),
             ),
             (Method::GET, ["healthz" | "livez" | "readyz"]) => Response::builder()
@@ -300,27 +401,146 @@ impl Rest {
                     Err(e) => store_error(&e, started),
                 }
             }
+            (Method::GET, ["aliases"]) => ok(aliases_json(self.store.aliases(None)), started),
+            (Method::POST, ["collections", "aliases"]) => {
+                let parsed: AliasesBody = match parse(&body, started) {
+                    Ok(b) => b,
+                    Err(r) => return *r,
+                };
+                let changes: Vec<AliasChange> =
+                    parsed.actions.into_iter().map(AliasChange::from).collect();
+                match self.store.change_aliases(&changes) {
+                    Ok(()) => ok(json!(true), started),
+                    Err(e) => store_error(&e, started),
+                }
+            }
+            (Method::GET, ["collections", name, "aliases"]) => match self.store.get(name) {
+                Ok(c) => ok(aliases_json(self.store.aliases(Some(&c.name))), started),
+                Err(e) => store_error(&e, started),
+            },
             (Method::GET, ["collections", name]) => match self.store.get(name) {
-                Ok(c) => match c.count().await {
-                    Ok(n) => ok(
-                        json!({
-                            "status": "green",
-                            "optimizer_status": "ok",
-                            "points_count": n,
-                            "indexed_vectors_count": 0,
-                            "segments_count": c.segments(),
-                            "config": {"params": {"vectors": {
-                                "size": c.params.size,
-                                "distance": distance_name(c.params.distance),
-                            }}},
-                            "payload_schema": {},
-                        }),
-                        started,
-                    ),
+                Ok(c) => match collection_json(&c).await {
+                    Ok(v) => ok(v, started),
                     Err(e) => store_error(&e, started),
                 },
                 Err(e) => store_error(&e, started),
             },
+            (Method::PATCH, ["collections", name]) => {
+                let parsed: UpdateCollectionBody = match parse(&body, started) {
+                    Ok(b) => b,
+                    Err(r) => return *r,
+                };
+                if let Some((field, _)) = parsed.other.iter().find(|(_, v)| !v.is_null()) {
+                    return error(
+                        StatusCode::BAD_REQUEST,
+                        &format!(
+                            "Wrong input: updating {field} is not supported by embedded-qdrant"
+                        ),
+                        started,
+                    );
+                }
+                let c = match self.store.get(name) {
+                    Ok(c) => c,
+                    Err(e) => return store_error(&e, started),
+                };
+                match c
+                    .update_config(parsed.hnsw_config, parsed.optimizers_config)
+                    .await
+                {
+                    Ok(()) => ok(json!(true), started),
+                    Err(e) => store_error(&e, started),
+                }
+            }
+            (Method::PUT, ["collections", name, "index"]) => {
+                let parsed: CreateIndex = match parse(&body, started) {
+                    Ok(b) => b,
+                    Err(r) => return *r,
+                };
+                let op =
+                    UpdateOperation::FieldIndexOperation(FieldIndexOperations::CreateIndex(parsed));
+                self.update(name, op, wait, started).await
+            }
+            (Method::DELETE, ["collections", name, "index", field]) => {
+                let field: JsonPath = match field.parse() {
+                    Ok(f) => f,
+                    Err(_) => {
+                        return error(
+                            StatusCode::BAD_REQUEST,
+                            &format!("Wrong input: {field:?} is not a payload key"),
+                            started,
+                        )
+                    }
+                };
+                let op =
+                    UpdateOperation::FieldIndexOperation(FieldIndexOperations::DeleteIndex(field));
+                self.update(name, op, wait, started).await
+            }
+            (Method::POST | Method::PUT, ["collections", name, "points", "payload"]) => {
+                let parsed: SetPayloadOp = match parse(&body, started) {
+                    Ok(b) => b,
+                    Err(r) => return *r,
+                };
+                if parsed.points.is_none() && parsed.filter.is_none() {
+                    return error(
+                        StatusCode::BAD_REQUEST,
+                        "Wrong input: either points or filter is required",
+                        started,
+                    );
+                }
+                // POST sets the given keys; PUT replaces the whole payload (Qdrant's
+                // overwrite_payload).
+                let op = if method == Method::PUT {
+                    PayloadOps::OverwritePayload(parsed)
+                } else {
+                    PayloadOps::SetPayload(parsed)
+                };
+                self.update(name, UpdateOperation::PayloadOperation(op), wait, started)
+                    .await
+            }
+            (Method::POST, ["collections", name, "points", "payload", "delete"]) => {
+                let parsed: DeletePayloadBody = match parse(&body, started) {
+                    Ok(b) => b,
+                    Err(r) => return *r,
+                };
+                let keys = match parsed
+                    .keys
+                    .iter()
+                    .map(|k| k.parse::<JsonPath>())
+                    .collect::<Result<Vec<_>, _>>()
+                {
+                    Ok(k) => k,
+                    Err(_) => {
+                        return error(
+                            StatusCode::BAD_REQUEST,
+                            "Wrong input: bad payload key",
+                            started,
+                        )
+                    }
+                };
+                let (points, filter) = match parsed.selector {
+                    PointsSelector::Ids { points } => (Some(points), None),
+                    PointsSelector::Filter { filter } => (None, Some(filter)),
+                };
+                let op = PayloadOps::DeletePayload(DeletePayloadOp {
+                    keys,
+                    points,
+                    filter,
+                });
+                self.update(name, UpdateOperation::PayloadOperation(op), wait, started)
+                    .await
+            }
+            (Method::POST, ["collections", name, "points", "payload", "clear"]) => {
+                let parsed: PointsSelector = match parse(&body, started) {
+                    Ok(b) => b,
+                    Err(r) => return *r,
+                };
+                let op = match parsed {
+                    PointsSelector::Ids { points } => PayloadOps::ClearPayload { points },
+                    PointsSelector::Filter { filter } => PayloadOps::ClearPayloadByFilter(filter),
+                };
+                self.update(name, UpdateOperation::PayloadOperation(op), wait, started)
+                    .await
+            }
             (Method::DELETE, ["collections", name]) => ok(json!(self.store.delete(name)), started),
             (Method::GET, ["collections", name, "exists"]) => {
                 ok(json!({"exists": self.store.get(name).is_ok()}), started)
@@ -334,12 +554,15 @@ impl Rest {
                 self.update(name, op, wait, started).await
             }
             (Method::POST, ["collections", name, "points", "delete"]) => {
-                let parsed: DeletePointsBody = match parse(&body, started) {
+                let parsed: PointsSelector = match parse(&body, started) {
                     Ok(b) => b,
                     Err(r) => return *r,
                 };
-                let op = UpdateOperation::PointOperation(PointOperations::DeletePoints {
-                    ids: parsed.points,
+                let op = UpdateOperation::PointOperation(match parsed {
+                    PointsSelector::Ids { points } => PointOperations::DeletePoints { ids: points },
+                    PointsSelector::Filter { filter } => {
+                        PointOperations::DeletePointsByFilter(filter)
+                    }
                 });
                 self.update(name, op, wait, started).await
             }
@@ -361,8 +584,14 @@ impl Rest {
                     Err(r) => return *r,
                 };
                 let vector = match parsed.query {
-                    QueryInput::Vector(v) | QueryInput::Nearest { nearest: v } => v,
-                    QueryInput::Id(id) => match self.vector_of(name, id).await {
+                    QueryInput::Vector(v)
+                    | QueryInput::Nearest {
+                        nearest: NearestInput::Vector(v),
+                    } => v,
+                    QueryInput::Id(id)
+                    | QueryInput::Nearest {
+                        nearest: NearestInput::Id(id),
+                    } => match self.vector_of(name, id).await {
                         Ok(v) => v,
                         Err(r) => return r(started),
                     },

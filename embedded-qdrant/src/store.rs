@@ -2,14 +2,15 @@
 //! writes serialised through one writer thread per collection (the engine's WAL and
 //! segment flush need a single writer), reads concurrent on the blocking pool.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 use std::sync::{Arc, RwLock};
 
 use qdrant_edge::{
-    CountRequest, Distance, EdgeConfigBuilder, EdgeShard, EdgeVectorParamsBuilder, OperationError,
-    PointId, Record, ScoredPoint, ScrollRequest, SearchRequest, UpdateOperation,
+    CountRequest, Distance, EdgeConfig, EdgeConfigBuilder, EdgeOptimizersConfig, EdgeShard,
+    EdgeVectorParamsBuilder, HnswIndexConfig, OperationError, PointId, Record, ScoredPoint,
+    ScrollRequest, SearchRequest, ShardInfo, UpdateOperation,
 };
 use tokio::sync::oneshot;
 
@@ -19,6 +20,9 @@ pub enum StoreError {
     /// 404 / NOT_FOUND.
     #[error("Not found: Collection `{0}` doesn't exist!")]
     NoCollection(String),
+    /// 404 / NOT_FOUND.
+    #[error("Not found: Alias `{0}` doesn't exist!")]
+    NoAlias(String),
     /// 409 / ALREADY_EXISTS.
     #[error("Wrong input: Collection `{0}` already exists!")]
     Exists(String),
@@ -206,9 +210,55 @@ impl Collection {
         self.read(move |s| s.scroll(req)).await
     }
 
-    /// Segments in the shard.
-    pub fn segments(&self) -> usize {
-        self.shard.info().segments_count
+    /// What the engine reports of the shard: counts and the payload indexes.
+    pub async fn info(&self) -> Result<ShardInfo, StoreError> {
+        self.read(|s| Ok(s.info())).await
+    }
+
+    /// The shard's configuration as the engine applies it (HNSW, optimizers, WAL).
+    pub fn config(&self) -> EdgeConfig {
+        self.shard.config().clone()
+    }
+
+    /// Qdrant's collection update: the given fields of `hnsw_config` and
+    /// `optimizers_config` (each a JSON object in REST form, as a diff: absent or null
+    /// fields keep their value) laid over the current settings; the engine persists them.
+    /// A field the engine does not apply is refused by name, nothing changed.
+    pub async fn update_config(
+        &self,
+        hnsw_diff: Option<serde_json::Map<String, serde_json::Value>>,
+        optimizers_diff: Option<serde_json::Map<String, serde_json::Value>>,
+    ) -> Result<(), StoreError> {
+        let current = self.config();
+        let hnsw = hnsw_diff
+            .map(|diff| overlay::<HnswIndexConfig>(&current.hnsw_config, diff, "hnsw_config", &[]))
+            .transpose()?;
+        let optimizers = optimizers_diff
+            .map(|diff| {
+                overlay::<EdgeOptimizersConfig>(
+                    &current.optimizers,
+                    diff,
+                    "optimizers_config",
+                    // The engine flushes on `wait=true` and has no optimizer threads of
+                    // its own; memmap_threshold is deprecated in Qdrant.
+                    &[
+                        "flush_interval_sec",
+                        "max_optimization_threads",
+                        "memmap_threshold",
+                    ],
+                )
+            })
+            .transpose()?;
+        self.read(move |s| {
+            if let Some(h) = hnsw {
+                s.set_hnsw_config(h)?;
+            }
+            if let Some(o) = optimizers {
+                s.set_optimizers_config(o)?;
+            }
+            Ok(())
+        })
+        .await
     }
 
     fn stop_writer(&self) {
@@ -228,9 +278,38 @@ impl Collection {
 pub struct Store {
     root: PathBuf,
     collections: RwLock<HashMap<String, Arc<Collection>>>,
+    /// Alias name -> collection name, as Qdrant keeps them: any call that takes a
+    /// collection name takes an alias too. Persisted in `aliases.json` beside the
+    /// collections.
+    aliases: RwLock<BTreeMap<String, String>>,
+    aliases_file: PathBuf,
 }
 
 const PARAMS_FILE: &str = "embedded-qdrant.json";
+
+/// One change of Qdrant's `POST /collections/aliases` (and `UpdateAliases` over gRPC).
+#[derive(Clone, Debug, PartialEq)]
+pub enum AliasChange {
+    /// Points `alias` at `collection` (replacing where it pointed before).
+    Create {
+        /// The collection.
+        collection: String,
+        /// The alias.
+        alias: String,
+    },
+    /// Removes an alias.
+    Delete {
+        /// The alias.
+        alias: String,
+    },
+    /// Renames an alias, keeping its collection.
+    Rename {
+        /// Its name now.
+        old: String,
+        /// Its new name.
+        new: String,
+    },
+}
 
 impl Store {
     /// Opens (or creates) the data folder and loads every collection in it.
@@ -254,20 +333,81 @@ impl Store {
             tracing::info!(collection = %name, "loaded");
             collections.insert(name.clone(), Collection::open(&name, path, shard, params));
         }
+        let aliases_file = root.join("aliases.json");
+        let aliases: BTreeMap<String, String> = match std::fs::read_to_string(&aliases_file) {
+            Ok(text) => serde_json::from_str(&text)
+                .map_err(|e| anyhow::anyhow!("{}: {e}", aliases_file.display()))?,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => BTreeMap::new(),
+            Err(e) => anyhow::bail!("cannot read {}: {e}", aliases_file.display()),
+        };
         Ok(Self {
             root: dir,
             collections: RwLock::new(collections),
+            aliases: RwLock::new(aliases),
+            aliases_file,
         })
     }
 
-    /// The collection, or 404.
+    /// The collection named `name` or aliased by it, or 404.
     pub fn get(&self, name: &str) -> Result<Arc<Collection>, StoreError> {
-        self.collections
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
+        let collections = self.collections.read().unwrap_or_else(|p| p.into_inner());
+        if let Some(c) = collections.get(name) {
+            return Ok(c.clone());
+        }
+        let aliases = self.aliases.read().unwrap_or_else(|p| p.into_inner());
+        aliases
             .get(name)
+            .and_then(|target| collections.get(target))
             .cloned()
             .ok_or_else(|| StoreError::NoCollection(name.to_owned()))
+    }
+
+    /// Every alias and its collection, or those of one collection, sorted by alias.
+    pub fn aliases(&self, of: Option<&str>) -> Vec<(String, String)> {
+        self.aliases
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .filter(|(_, c)| of.is_none_or(|name| name == c.as_str()))
+            .map(|(a, c)| (a.clone(), c.clone()))
+            .collect()
+    }
+
+    /// Applies alias changes all or nothing, in order, as Qdrant does, and persists them.
+    pub fn change_aliases(&self, changes: &[AliasChange]) -> Result<(), StoreError> {
+        let collections = self.collections.read().unwrap_or_else(|p| p.into_inner());
+        let mut aliases = self.aliases.write().unwrap_or_else(|p| p.into_inner());
+        let mut next = aliases.clone();
+        for change in changes {
+            match change {
+                AliasChange::Create { collection, alias } => {
+                    if !collections.contains_key(collection) {
+                        return Err(StoreError::NoCollection(collection.clone()));
+                    }
+                    if collections.contains_key(alias) {
+                        return Err(StoreError::BadRequest(format!(
+                            "Alias `{alias}` is the name of a collection"
+                        )));
+                    }
+                    validate_name(alias)?;
+                    next.insert(alias.clone(), collection.clone());
+                }
+                AliasChange::Delete { alias } => {
+                    next.remove(alias)
+                        .ok_or_else(|| StoreError::NoAlias(alias.clone()))?;
+                }
+                AliasChange::Rename { old, new } => {
+                    let target = next
+                        .remove(old)
+                        .ok_or_else(|| StoreError::NoAlias(old.clone()))?;
+                    validate_name(new)?;
+                    next.insert(new.clone(), target);
+                }
+            }
+        }
+        write_json_atomically(&self.aliases_file, &next)?;
+        *aliases = next;
+        Ok(())
     }
 
     /// Every collection name, sorted.
@@ -314,7 +454,7 @@ impl Store {
         Ok(())
     }
 
-    /// Deletes a collection and its files; false if it did not exist.
+    /// Deletes a collection, its aliases and its files; false if it did not exist.
     pub fn delete(&self, name: &str) -> bool {
         let removed = self
             .collections
@@ -323,6 +463,14 @@ impl Store {
             .remove(name);
         match removed {
             Some(c) => {
+                let mut aliases = self.aliases.write().unwrap_or_else(|p| p.into_inner());
+                if aliases.values().any(|target| target == name) {
+                    aliases.retain(|_, target| target != name);
+                    if let Err(e) = write_json_atomically(&self.aliases_file, &*aliases) {
+                        tracing::warn!(error = %e, "cannot persist the aliases of a deleted collection");
+                    }
+                }
+                drop(aliases);
                 c.stop_writer();
                 let dir = c.dir.clone();
                 drop(c);
@@ -349,6 +497,44 @@ impl Store {
             c.stop_writer();
         }
     }
+}
+
+/// `current` with the non-null fields of `diff` laid over it, read back as `T`; a field in
+/// `unapplied` is refused with its name.
+fn overlay<T: serde::Serialize + serde::de::DeserializeOwned>(
+    current: &T,
+    diff: serde_json::Map<String, serde_json::Value>,
+    what: &str,
+    unapplied: &[&str],
+) -> Result<T, StoreError> {
+    let mut merged = match serde_json::to_value(current) {
+        Ok(serde_json::Value::Object(m)) => m,
+        _ => serde_json::Map::new(),
+    };
+    for (key, value) in diff {
+        if value.is_null() {
+            continue;
+        }
+        if unapplied.contains(&key.as_str()) {
+            return Err(StoreError::BadRequest(format!(
+                "{what}.{key} is not applied by embedded-qdrant"
+            )));
+        }
+        merged.insert(key, value);
+    }
+    serde_json::from_value(serde_json::Value::Object(merged))
+        .map_err(|e| StoreError::BadRequest(format!("{what}: {e}")))
+}
+
+/// Writes `value` as JSON to a temporary file and renames it over `path`, so a crash
+/// leaves the old file or the new one, never half of one.
+fn write_json_atomically(path: &Path, value: &impl serde::Serialize) -> Result<(), StoreError> {
+    let tmp = path.with_extension("json.tmp");
+    let text = serde_json::to_string(value)
+        .map_err(|e| StoreError::Internal(format!("cannot encode {}: {e}", path.display())))?;
+    std::fs::write(&tmp, text)
+        .and_then(|()| std::fs::rename(&tmp, path))
+        .map_err(|e| StoreError::Internal(format!("cannot write {}: {e}", path.display())))
 }
 
 fn validate_name(name: &str) -> Result<(), StoreError> {

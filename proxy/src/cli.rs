@@ -14,7 +14,7 @@ use crate::config::{
     Balance, Config, ConfigError, HandshakeOffload, HealthCheckConfig, HealthCheckKind,
     ListenerConfig, ListenerMode, TlsPolicy, TlsVersion, UpstreamProtocol,
 };
-use crate::crypto::{generate_cert_set, CertAlgorithmName, KxGroupName, ProviderName};
+use crate::crypto::{generate_cert_set_valid_for, CertAlgorithmName, KxGroupName, ProviderName};
 use crate::plan::Plan;
 use crate::server::{write_ready_file, Proxy};
 
@@ -103,7 +103,9 @@ pub struct Overrides {
     /// Highest TLS version: 1.2 or 1.3.
     #[arg(long, value_name = "V")]
     tls_max: Option<TlsVersion>,
-    /// Key-exchange groups, comma-separated, in preference order.
+    /// Key-exchange groups, comma-separated, in preference order (x25519mlkem768, x25519,
+    /// secp256r1, secp384r1). Unset: x25519mlkem768 where the provider has it, then the
+    /// other three.
     #[arg(long, value_name = "GROUPS", value_delimiter = ',')]
     kx: Option<Vec<KxGroupName>>,
     /// Session resumption: on or off.
@@ -225,6 +227,9 @@ struct GenCertsArgs {
     /// Algorithms to generate (default: all four).
     #[arg(long, value_delimiter = ',', value_name = "ALGS")]
     algorithms: Option<Vec<CertAlgorithmName>>,
+    /// Validity of the server and client certificates, in days (1 to 397).
+    #[arg(long, value_name = "DAYS", default_value_t = crate::crypto::LEAF_VALIDITY_DAYS)]
+    days: u32,
 }
 
 #[derive(Debug, Args)]
@@ -472,7 +477,7 @@ fn apply_listener_flags(cfg: &mut Config, o: &Overrides) -> Result<(), ConfigErr
         l.tls.max_version = v;
     }
     if let Some(v) = &o.kx {
-        l.tls.kx_groups = v.clone();
+        l.tls.kx_groups = Some(v.clone());
     }
     if let Some(v) = o.resumption {
         l.tls.resumption = v;
@@ -569,7 +574,7 @@ fn gen_certs(args: GenCertsArgs) -> ExitCode {
     let algorithms = args
         .algorithms
         .unwrap_or_else(|| CertAlgorithmName::ALL.to_vec());
-    match generate_cert_set(&args.out, &algorithms, &args.sans) {
+    match generate_cert_set_valid_for(&args.out, &algorithms, &args.sans, args.days) {
         Ok(set) => {
             println!("CA certificate:     {}", set.ca_cert.display());
             for (alg, cert, key) in &set.servers {
@@ -618,6 +623,9 @@ fn check_config(args: CheckConfigArgs) -> ExitCode {
         None => None,
     };
     let scratch = crate::metrics::Metrics::new();
+    // What each listener's provider really offers (ML-KEM only where it implements it),
+    // printed after the configuration.
+    let mut offered = Vec::new();
     for lp in &plan.listeners {
         let labels = crate::switch::ListenerLabels {
             name: lp.name.clone(),
@@ -627,6 +635,14 @@ fn check_config(args: CheckConfigArgs) -> ExitCode {
         };
         match crate::switch::build_listener_tls(&lp.tls, &labels, qat_state.as_deref(), &scratch) {
             Ok(built) => {
+                offered.push(format!(
+                    "# listener[{}] {}: provider {} ({}) offers key exchange {}\n",
+                    lp.index,
+                    lp.name,
+                    built.provider.name(),
+                    built.provider.library_version(),
+                    built.provider.kx_group_names().join(", ")
+                ));
                 if let Some(warning) = built.cert.expiry_warning() {
                     eprintln!("proxy: warning: listener[{}]: {warning}", lp.index);
                 }
@@ -644,6 +660,7 @@ fn check_config(args: CheckConfigArgs) -> ExitCode {
         return fail(2, &ConfigError { problems });
     }
     print!("{}", config.to_toml());
+    print!("\n{}", offered.concat());
     if let Some(state) = &qat_state {
         // What the provider itself reads: its OpenSSL configuration section.
         match &state.settings {

@@ -614,11 +614,15 @@ pub struct TlsPolicy {
     /// Highest protocol version accepted.
     #[serde(default = "default_max_version")]
     pub max_version: TlsVersion,
-    /// Key-exchange groups, in preference order, identical for every provider.
-    /// X25519 by default: aws-lc-rs and OpenSSL >= 3.5 otherwise prefer X25519MLKEM768,
-    /// which would skew any comparison between providers.
-    #[serde(default = "default_kx_groups")]
-    pub kx_groups: Vec<KxGroupName>,
+    /// Key-exchange groups, in preference order. Unset, the production default: the
+    /// post-quantum hybrid X25519MLKEM768 where the provider has it, then X25519,
+    /// secp256r1 and secp384r1 (every group a current nginx accepts), see
+    /// [`KxGroupName::PRODUCTION_DEFAULT`]. Set, exactly these, and a group the provider
+    /// lacks is refused at start-up: a benchmark pins one group so that providers are
+    /// compared on the same handshake (aws-lc-rs would otherwise negotiate ML-KEM where
+    /// ring cannot).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kx_groups: Option<Vec<KxGroupName>>,
     /// Session resumption (tickets and a stateful cache). Off: every connection is a full
     /// handshake, the worst case the benchmark is about.
     #[serde(default = "default_true")]
@@ -636,7 +640,7 @@ impl Default for TlsPolicy {
         Self {
             min_version: default_min_version(),
             max_version: default_max_version(),
-            kx_groups: default_kx_groups(),
+            kx_groups: None,
             resumption: true,
             client_ca: None,
             alpn: None,
@@ -649,9 +653,6 @@ fn default_min_version() -> TlsVersion {
 }
 fn default_max_version() -> TlsVersion {
     TlsVersion::Tls13
-}
-fn default_kx_groups() -> Vec<KxGroupName> {
-    vec![KxGroupName::X25519]
 }
 fn default_true() -> bool {
     true

@@ -436,7 +436,7 @@ fn listener_plan(
             field("tls")
         ));
     }
-    if lc.tls.kx_groups.is_empty() {
+    if lc.tls.kx_groups.as_ref().is_some_and(Vec::is_empty) {
         problems.push(format!(
             "{}: at least one group is needed",
             field("tls.kx_groups")
@@ -515,7 +515,7 @@ mod tests {
         "#;
         let c: Config = toml::from_str(text).unwrap();
         assert_eq!(c.limits.handshake_timeout, Duration::from_secs(2));
-        assert_eq!(c.listeners[0].tls.kx_groups.len(), 2);
+        assert_eq!(c.listeners[0].tls.kx_groups.as_ref().map(Vec::len), Some(2));
         let all = Plan::new(&c).unwrap_err().to_string();
         assert!(all.contains("limits.max_connections"), "{all}");
         assert!(all.contains("limits.h2_max_frame_size = 8192"), "{all}");

@@ -333,7 +333,7 @@ fn start_listener(
         key_bits = cert.algorithm.key_bits(),
         subject = %cert.subject,
         tls = %format!("{}-{}", policy.min_version, policy.max_version),
-        kx_groups = %policy.kx_groups.iter().map(|g| g.as_str()).collect::<Vec<_>>().join(","),
+        kx_groups = %provider.kx_group_names().join(","),
         resumption = policy.resumption,
         mtls = policy.client_ca.is_some(),
         handshake = tls::handshake_label(provider.name(), shared.offload.label()),

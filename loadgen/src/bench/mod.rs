@@ -1036,6 +1036,15 @@ pub fn render(result: &BenchResult) -> String {
     out.push('\n');
     let mut notes = Vec::new();
     let rounds = result.settings["rounds"].as_u64().unwrap_or(1);
+    if let Some(kx) = result.settings["kx"].as_str() {
+        // The proxy's production default offers more (ML-KEM first where the provider has
+        // it); a comparison pins one group for every terminator, and says so.
+        notes.push(format!(
+            "every terminator pinned to TLS {} and one key-exchange group, {kx}, without \
+             resumption (the proxy's default offers x25519mlkem768 first where its provider has it)",
+            result.settings["tls"].as_str().unwrap_or("?")
+        ));
+    }
     if rounds > 1 {
         notes.push(format!(
             "median of {rounds} interleaved rounds, and each ratio the median of the {rounds} \

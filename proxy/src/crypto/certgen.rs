@@ -3,6 +3,14 @@
 //!
 //! Keys are generated with aws-lc-rs through rcgen (ring cannot generate RSA keys). The
 //! files are ordinary PEM, so every provider, nginx and HAProxy can load the same ones.
+//!
+//! The certificates follow RFC 5280 as strict verifiers read it (pyca/cryptography's
+//! verifier, Python 3.13's `ssl` with VERIFY_X509_STRICT, sslyze's Mozilla profile): the
+//! CA has a critical basicConstraints CA:TRUE, keyUsage keyCertSign and cRLSign, and a
+//! Subject Key Identifier; every leaf has Authority and Subject Key Identifiers (4.2.1.1
+//! makes the former a MUST in any certificate that is not self-signed), a critical
+//! basicConstraints CA:FALSE, keyUsage and extendedKeyUsage for its role, and lives 90
+//! days by default.
 
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -104,17 +112,37 @@ pub struct GeneratedSet {
     pub client: (PathBuf, PathBuf),
 }
 
+/// The client certificate's subject alternative name.
+const CLIENT_SAN: &str = "client.tls-proxy.invalid";
+
 /// SANs every generated server certificate carries, so loopback tests and a local
 /// benchmark verify the server name without extra flags.
 const DEFAULT_SANS: [&str; 3] = ["localhost", "127.0.0.1", "::1"];
 
 /// Writes `ca.crt`/`ca.key`, `<alg>.crt`/`<alg>.key` for each algorithm and
-/// `client.crt`/`client.key` into `out`, all signed by one fresh CA.
+/// `client.crt`/`client.key` into `out`, all signed by one fresh CA; the leaves are valid
+/// for [`LEAF_VALIDITY_DAYS`].
 pub fn generate_cert_set(
     out: &Path,
     algorithms: &[CertAlgorithmName],
     extra_sans: &[String],
 ) -> Result<GeneratedSet, CryptoError> {
+    generate_cert_set_valid_for(out, algorithms, extra_sans, LEAF_VALIDITY_DAYS)
+}
+
+/// [`generate_cert_set`] with leaves valid for `leaf_days` days (from yesterday, for
+/// clock skew).
+pub fn generate_cert_set_valid_for(
+    out: &Path,
+    algorithms: &[CertAlgorithmName],
+    extra_sans: &[String],
+    leaf_days: u32,
+) -> Result<GeneratedSet, CryptoError> {
+    if !(1..=MAX_LEAF_VALIDITY_DAYS).contains(&leaf_days) {
+        return Err(CryptoError::Generate(format!(
+            "leaf validity of {leaf_days} days: expected 1 to {MAX_LEAF_VALIDITY_DAYS} (the most browsers accept)"
+        )));
+    }
     let gen_err = |e: rcgen::Error| CryptoError::Generate(e.to_string());
     std::fs::create_dir_all(out).map_err(|source| CryptoError::Write {
         path: out.to_owned(),
@@ -127,11 +155,12 @@ pub fn generate_cert_set(
     ca_params
         .distinguished_name
         .push(DnType::CommonName, "tls-proxy benchmark CA");
-    ca_params.key_usages = vec![
-        KeyUsagePurpose::KeyCertSign,
-        KeyUsagePurpose::CrlSign,
-        KeyUsagePurpose::DigitalSignature,
-    ];
+    // keyCertSign and cRLSign only: a CA key that also signs TLS handshakes is what
+    // strict profiles flag.
+    ca_params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+    let now = time::OffsetDateTime::now_utc();
+    ca_params.not_before = now - time::Duration::days(1);
+    ca_params.not_after = now + time::Duration::days(CA_VALIDITY_DAYS);
     let ca_cert = ca_params.self_signed(&ca_key).map_err(gen_err)?;
     let ca_cert_path = out.join("ca.crt");
     write_file(&ca_cert_path, ca_cert.pem().as_bytes(), false)?;
@@ -150,7 +179,13 @@ pub fn generate_cert_set(
             .push(DnType::CommonName, format!("tls-proxy {alg}"));
         params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
         params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
-        set_leaf_validity(&mut params);
+        if matches!(alg, CertAlgorithmName::Rsa2048 | CertAlgorithmName::Rsa4096) {
+            // RFC 5280 4.2.1.3 and the CA/Browser Forum baseline: an RSA server key may
+            // also encipher (TLS 1.2's RSA key transport, which this proxy never offers,
+            // but verifiers check the usage, not the suite).
+            params.key_usages.push(KeyUsagePurpose::KeyEncipherment);
+        }
+        set_leaf_profile(&mut params, leaf_days);
         let cert = params.signed_by(&key, &issuer).map_err(gen_err)?;
         let cert_path = out.join(format!("{alg}.crt"));
         let key_path = out.join(format!("{alg}.key"));
@@ -160,12 +195,16 @@ pub fn generate_cert_set(
     }
 
     let client_key = KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).map_err(gen_err)?;
-    let mut client_params = CertificateParams::new(Vec::<String>::new()).map_err(gen_err)?;
+    // A client certificate names its holder in a SAN too: RFC 5280 verifiers such as
+    // pyca/cryptography's client verifier require the extension. `.invalid` (RFC 2606)
+    // says the name is an identity, not a host to reach.
+    let mut client_params = CertificateParams::new(vec![CLIENT_SAN.to_owned()]).map_err(gen_err)?;
     client_params
         .distinguished_name
         .push(DnType::CommonName, "tls-proxy benchmark client");
     client_params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
-    set_leaf_validity(&mut client_params);
+    client_params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+    set_leaf_profile(&mut client_params, leaf_days);
     let client_cert = client_params
         .signed_by(&client_key, &issuer)
         .map_err(gen_err)?;
@@ -180,18 +219,29 @@ pub fn generate_cert_set(
     })
 }
 
-/// Leaf certificates are valid from yesterday (clock skew) for 397 days, the most that
-/// browsers and the CA/Browser Forum accept and what testssl checks; rcgen's default (the
-/// year 4096) is flagged as a HIGH finding. The CA keeps rcgen's long validity: it only
-/// signs test certificates.
-fn set_leaf_validity(params: &mut CertificateParams) {
+/// What every leaf carries beyond its names and usages: an Authority Key Identifier
+/// (RFC 5280 4.2.1.1), a Subject Key Identifier and basicConstraints CA:FALSE (rcgen
+/// writes both for `ExplicitNoCa`), and a validity from yesterday (clock skew) for
+/// `days`. rcgen's default validity (the year 4096) is a HIGH finding in testssl.
+fn set_leaf_profile(params: &mut CertificateParams, days: u32) {
+    params.use_authority_key_identifier_extension = true;
+    params.is_ca = IsCa::ExplicitNoCa;
     let now = time::OffsetDateTime::now_utc();
     params.not_before = now - time::Duration::days(1);
-    params.not_after = now + time::Duration::days(LEAF_VALIDITY_DAYS);
+    params.not_after = now + time::Duration::days(i64::from(days));
 }
 
-/// See [`set_leaf_validity`].
-const LEAF_VALIDITY_DAYS: i64 = 397;
+/// Default leaf lifetime: 90 days, what ACME CAs issue and what Mozilla's TLS guidelines
+/// recommend (their intermediate profile allows at most 366; public CAs issue at most 200
+/// since March 2026). `proxy gen-certs --days` changes it.
+pub const LEAF_VALIDITY_DAYS: u32 = 90;
+
+/// The longest leaf lifetime `--days` accepts: 397 days, the most browsers accept.
+pub const MAX_LEAF_VALIDITY_DAYS: u32 = 397;
+
+/// The CA lives ten years: it only signs the certificates generated beside it, and a
+/// leaf re-issued from it must not outlive it.
+const CA_VALIDITY_DAYS: i64 = 3650;
 
 fn write_file(path: &Path, contents: &[u8], private: bool) -> Result<(), CryptoError> {
     use std::io::Write;
@@ -239,6 +289,90 @@ mod tests {
         let msg = err.to_string();
         assert!(msg.contains("does not match"), "{msg}");
         assert!(msg.contains("client.key"), "{msg}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// The RFC 5280 profile, read back with x509-parser (the CI's interop tests check the
+    /// same files with Python's strict verifier and sslyze).
+    #[test]
+    fn certificates_carry_the_rfc5280_profile() {
+        use x509_parser::extensions::ParsedExtension;
+        use x509_parser::prelude::{FromDer, X509Certificate};
+        let dir = tempdir();
+        let set = generate_cert_set_valid_for(
+            &dir,
+            &[CertAlgorithmName::Rsa2048, CertAlgorithmName::EcdsaP256],
+            &[],
+            30,
+        )
+        .unwrap();
+        let der = |path: &Path| {
+            let pem = std::fs::read(path).unwrap();
+            rustls_pki_types::pem::PemObject::from_pem_slice(&pem)
+                .map(|c: rustls_pki_types::CertificateDer<'static>| c.to_vec())
+                .unwrap()
+        };
+        let ca_der = der(&set.ca_cert);
+        let (_, ca) = X509Certificate::from_der(&ca_der).unwrap();
+        let bc = ca.basic_constraints().unwrap().unwrap();
+        assert!(bc.critical && bc.value.ca, "CA basicConstraints");
+        let ku = ca.key_usage().unwrap().unwrap().value;
+        assert!(ku.key_cert_sign() && ku.crl_sign() && !ku.digital_signature());
+        let ski_of = |c: &X509Certificate| {
+            c.extensions()
+                .iter()
+                .find_map(|e| match e.parsed_extension() {
+                    ParsedExtension::SubjectKeyIdentifier(k) => Some(k.0.to_vec()),
+                    _ => None,
+                })
+                .expect("subject key identifier")
+        };
+        let ca_ski = ski_of(&ca);
+        let leaves = set
+            .servers
+            .iter()
+            .map(|(alg, cert, _)| (Some(*alg), cert))
+            .chain([(None, &set.client.0)]);
+        for (alg, path) in leaves {
+            let leaf_der = der(path);
+            let (_, leaf) = X509Certificate::from_der(&leaf_der).unwrap();
+            let what = path.display();
+            let aki = leaf
+                .extensions()
+                .iter()
+                .find_map(|e| match e.parsed_extension() {
+                    ParsedExtension::AuthorityKeyIdentifier(a) => a.key_identifier.clone(),
+                    _ => None,
+                })
+                .unwrap_or_else(|| panic!("{what}: no authority key identifier"));
+            assert_eq!(aki.0, ca_ski.as_slice(), "{what}: AKI is the CA's SKI");
+            ski_of(&leaf);
+            let bc = leaf.basic_constraints().unwrap().unwrap();
+            assert!(bc.critical && !bc.value.ca, "{what}: CA:FALSE");
+            let ku = leaf.key_usage().unwrap().unwrap().value;
+            assert!(ku.digital_signature() && !ku.key_cert_sign(), "{what}");
+            let rsa = matches!(alg, Some(CertAlgorithmName::Rsa2048));
+            assert_eq!(
+                ku.key_encipherment(),
+                rsa,
+                "{what}: keyEncipherment for RSA only"
+            );
+            let eku = leaf.extended_key_usage().unwrap().unwrap().value;
+            match alg {
+                Some(_) => {
+                    assert!(eku.server_auth && !eku.client_auth, "{what}");
+                    let san = leaf.subject_alternative_name().unwrap().unwrap();
+                    assert_eq!(san.value.general_names.len(), DEFAULT_SANS.len(), "{what}");
+                }
+                None => assert!(eku.client_auth && !eku.server_auth, "{what}"),
+            }
+            let days = (leaf.validity().not_after.timestamp()
+                - leaf.validity().not_before.timestamp())
+                / 86_400;
+            assert_eq!(days, 31, "{what}: 30 days from yesterday");
+        }
+        let err = generate_cert_set_valid_for(&dir, &[], &[], 398).unwrap_err();
+        assert!(err.to_string().contains("398 days"), "{err}");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

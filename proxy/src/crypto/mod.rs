@@ -11,7 +11,10 @@ mod openssl_ticketer;
 mod provider;
 pub mod qat;
 
-pub use certgen::{generate_cert_set, CertAlgorithmName, GeneratedSet};
+pub use certgen::{
+    generate_cert_set, generate_cert_set_valid_for, CertAlgorithmName, GeneratedSet,
+    LEAF_VALIDITY_DAYS, MAX_LEAF_VALIDITY_DAYS,
+};
 pub(crate) use keys::{load_cert_chain, load_private_key};
 pub use keys::{load_certified_key, load_client_ca, load_roots, CertAlgorithm, LoadedCert};
 pub(crate) use provider::suite_rank;

@@ -96,6 +96,18 @@ pub enum KxGroupName {
 }
 
 impl KxGroupName {
+    /// What a listener offers when its configuration names no groups, most preferred
+    /// first: the post-quantum hybrid where the provider has it (current Chrome, Firefox,
+    /// OpenSSL 3.5 and rustls clients offer it), then every group a current nginx accepts,
+    /// so that a client offering only P-256 or only P-384 is served too. Each provider
+    /// offers the ones it implements (ring and OpenSSL 3.0 have no ML-KEM).
+    pub const PRODUCTION_DEFAULT: [KxGroupName; 4] = [
+        Self::X25519Mlkem768,
+        Self::X25519,
+        Self::Secp256r1,
+        Self::Secp384r1,
+    ];
+
     /// Name as used in config, flags and reports.
     pub const fn as_str(self) -> &'static str {
         match self {
@@ -104,6 +116,13 @@ impl KxGroupName {
             Self::Secp384r1 => "secp384r1",
             Self::X25519Mlkem768 => "x25519mlkem768",
         }
+    }
+
+    /// The group rustls negotiated, by our name; None for a group we do not offer.
+    pub fn from_named_group(group: NamedGroup) -> Option<Self> {
+        Self::PRODUCTION_DEFAULT
+            .into_iter()
+            .find(|g| g.named_group() == group)
     }
 
     fn named_group(self) -> NamedGroup {
@@ -189,12 +208,41 @@ fn verification_beside_qat() -> rustls::crypto::WebPkiSupportedAlgorithms {
 }
 
 impl Provider {
-    /// Builds the named provider with exactly `kx_groups`, in that order of preference.
+    /// Builds the named provider with exactly `kx_groups`, in that order of preference
+    /// (an empty list keeps the provider's own); a group the provider lacks is an error.
     ///
     /// Pinning the groups matters for comparisons: aws-lc-rs and OpenSSL >= 3.5 otherwise
     /// negotiate X25519MLKEM768 while ring and OpenSSL 3.0 negotiate X25519, and the
     /// difference would be measured as a provider difference.
     pub fn new(name: ProviderName, kx_groups: &[KxGroupName]) -> Result<Self, CryptoError> {
+        Self::build(name, kx_groups, false)
+    }
+
+    /// Builds the named provider with the production groups
+    /// ([`KxGroupName::PRODUCTION_DEFAULT`]) that it implements, in that order.
+    pub fn with_default_groups(name: ProviderName) -> Result<Self, CryptoError> {
+        Self::build(name, &KxGroupName::PRODUCTION_DEFAULT, true)
+    }
+
+    /// Builds the named provider with `kx_groups` when given, the production default
+    /// otherwise (a listener's `tls.kx_groups`).
+    pub fn with_groups(
+        name: ProviderName,
+        kx_groups: Option<&[KxGroupName]>,
+    ) -> Result<Self, CryptoError> {
+        match kx_groups {
+            Some(groups) => Self::new(name, groups),
+            None => Self::with_default_groups(name),
+        }
+    }
+
+    /// `skip_missing`: leave out wanted groups the provider does not implement (the
+    /// production default) instead of refusing them (an operator's explicit list).
+    fn build(
+        name: ProviderName,
+        kx_groups: &[KxGroupName],
+        skip_missing: bool,
+    ) -> Result<Self, CryptoError> {
         let (mut crypto, all_groups): (CryptoProvider, Vec<&'static dyn SupportedKxGroup>) =
             match name {
                 ProviderName::Ring => (
@@ -232,14 +280,16 @@ impl Provider {
         if !kx_groups.is_empty() {
             let mut pinned = Vec::with_capacity(kx_groups.len());
             for wanted in kx_groups {
-                let group = all_groups
-                    .iter()
-                    .find(|g| g.name() == wanted.named_group())
-                    .ok_or(CryptoError::KxGroupUnsupported {
-                        provider: name.as_str(),
-                        group: wanted.as_str(),
-                    })?;
-                pinned.push(*group);
+                match all_groups.iter().find(|g| g.name() == wanted.named_group()) {
+                    Some(group) => pinned.push(*group),
+                    None if skip_missing => {}
+                    None => {
+                        return Err(CryptoError::KxGroupUnsupported {
+                            provider: name.as_str(),
+                            group: wanted.as_str(),
+                        })
+                    }
+                }
             }
             crypto.kx_groups = pinned;
         }
@@ -254,6 +304,19 @@ impl Provider {
     /// The provider's name.
     pub fn name(&self) -> ProviderName {
         self.name
+    }
+
+    /// The key-exchange groups this provider offers, most preferred first, by our names
+    /// (`rustls` names for any other group), for the start-up line and `check-config`.
+    pub fn kx_group_names(&self) -> Vec<String> {
+        self.crypto
+            .kx_groups
+            .iter()
+            .map(|g| match KxGroupName::from_named_group(g.name()) {
+                Some(ours) => ours.as_str().to_owned(),
+                None => format!("{:?}", g.name()),
+            })
+            .collect()
     }
 
     /// The rustls provider, to build configs with.
@@ -302,6 +365,24 @@ mod tests {
             let prov = Provider::new(p, &[KxGroupName::X25519]).unwrap();
             let names: Vec<_> = prov.crypto().kx_groups.iter().map(|g| g.name()).collect();
             assert_eq!(names, vec![NamedGroup::X25519], "{p}");
+        }
+    }
+
+    #[test]
+    fn production_default_offers_what_each_provider_has_in_order() {
+        let expect_pq = |p: ProviderName| match p {
+            ProviderName::Ring => false,
+            ProviderName::AwsLcRs => true,
+            // rustls-openssl offers ML-KEM from OpenSSL 3.5 on.
+            _ => openssl::version::number() >= 0x3050_0000,
+        };
+        for p in ProviderName::SOFTWARE {
+            let prov = Provider::with_default_groups(p).unwrap();
+            let mut want = vec!["x25519", "secp256r1", "secp384r1"];
+            if expect_pq(p) {
+                want.insert(0, "x25519mlkem768");
+            }
+            assert_eq!(prov.kx_group_names(), want, "{p}");
         }
     }
 

@@ -18,6 +18,14 @@ use crate::access_log::PendingRecord;
 use crate::io::{Activity, RequestGuard};
 use crate::upstream::NodeLease;
 
+/// An HTTP/2 request body the upstream stopped reading (it answered early) is read on and
+/// discarded up to this many bytes, so that its stream ends with the client's END_STREAM
+/// instead of a reset: see [`CappedBody::draining_when_abandoned`]. UPSERT_100 bodies
+/// (0.4-0.8 MB) fit many times over; past it the stream is reset as before.
+pub const ABANDONED_DRAIN_MAX_BYTES: u64 = 16 * 1024 * 1024;
+/// Time allowed for that draining.
+pub const ABANDONED_DRAIN_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// The request body as forwarded upstream: the client's stream, cut off with an error once
 /// more than the configured maximum has arrived (requests without Content-Length).
 #[derive(Debug)]
@@ -27,6 +35,8 @@ pub struct CappedBody {
     activity: Arc<Activity>,
     /// The access log's count of request bytes, for logged requests.
     counted: Option<Arc<AtomicU64>>,
+    /// Drain the client's stream if it is dropped unfinished (HTTP/2 clients).
+    drain_when_abandoned: bool,
 }
 
 /// Where a [`CappedBody`] reads from.
@@ -39,6 +49,8 @@ enum Source {
         cell: Arc<Mutex<Option<Incoming>>>,
         taken: Option<Incoming>,
     },
+    /// Handed to the drain (see [`CappedBody::draining_when_abandoned`]).
+    Gone,
 }
 
 /// Takes back a body that was never read: see [`CappedBody::returnable`].
@@ -59,7 +71,28 @@ impl CappedBody {
             remaining: max,
             activity,
             counted: None,
+            drain_when_abandoned: false,
         }
+    }
+
+    /// If this body is dropped before the client's stream ended (the upstream answered
+    /// without reading all of it: an unknown gRPC method, a refused key, a size check),
+    /// the rest of the stream is read and discarded in a task of its own, within
+    /// [`ABANDONED_DRAIN_MAX_BYTES`] and [`ABANDONED_DRAIN_TIMEOUT`], instead of being
+    /// reset at once.
+    ///
+    /// For HTTP/2 clients. Resetting is what RFC 9113 8.1 allows, but the DATA the client
+    /// already sent keeps arriving after the reset, and the h2 crate remembers only 50
+    /// reset streams for one second (hyper does not expose either setting): DATA on a
+    /// stream it forgot is answered with a STREAM_CLOSED reset that counts toward its
+    /// lifetime limit of 1,024 locally caused resets, and at that limit it closes the
+    /// connection with ENHANCE_YOUR_CALM, failing every call in flight. A long-lived gRPC
+    /// connection whose calls the upstream refuses early died after a few hundred calls.
+    /// Draining costs the bytes the client sends anyway; the upstream's answer is not
+    /// delayed by it.
+    pub fn draining_when_abandoned(mut self, yes: bool) -> Self {
+        self.drain_when_abandoned = yes;
+        self
     }
 
     /// Adds the bytes read to `counter` as well (the access log's `bytes_in`).
@@ -79,6 +112,7 @@ impl CappedBody {
             remaining: max,
             activity,
             counted: None,
+            drain_when_abandoned: false,
         };
         (body, BodyReturn(cell))
     }
@@ -94,8 +128,59 @@ impl CappedBody {
                 Ok(guard) => guard.as_ref().map_or(empty, f),
                 Err(_) => empty,
             },
+            Source::Gone => empty,
         }
     }
+}
+
+impl Drop for CappedBody {
+    fn drop(&mut self) {
+        if !self.drain_when_abandoned {
+            return;
+        }
+        // Only a stream this body read from: one still in a returnable cell was never
+        // read, and the forwarder may take it back for another node.
+        let unfinished = match &self.inner {
+            Source::Owned(inner)
+            | Source::Returnable {
+                taken: Some(inner), ..
+            } => !inner.is_end_stream(),
+            _ => false,
+        };
+        // A body cut off for exceeding the limit is not drained: the client is over it.
+        if !unfinished || self.remaining == 0 {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let body = match std::mem::replace(&mut self.inner, Source::Gone) {
+            Source::Owned(inner)
+            | Source::Returnable {
+                taken: Some(inner), ..
+            } => inner,
+            _ => return,
+        };
+        let budget = self.remaining.min(ABANDONED_DRAIN_MAX_BYTES);
+        runtime.spawn(drain_abandoned(body, budget, self.activity.clone()));
+    }
+}
+
+/// Reads and discards what is left of an abandoned HTTP/2 request body (see
+/// [`CappedBody::draining_when_abandoned`]); dropping it on any bound resets the stream.
+async fn drain_abandoned(mut body: Incoming, mut budget: u64, activity: Arc<Activity>) {
+    use http_body_util::BodyExt;
+    let _ = tokio::time::timeout(ABANDONED_DRAIN_TIMEOUT, async {
+        while let Some(Ok(frame)) = body.frame().await {
+            let n = frame.data_ref().map_or(0, |d| d.len() as u64);
+            if n > budget {
+                return;
+            }
+            budget -= n;
+            activity.touch();
+        }
+    })
+    .await;
 }
 
 /// Why the request body stopped.
@@ -129,6 +214,7 @@ impl Body for CappedBody {
                     None => return Poll::Ready(None),
                 }
             }
+            Source::Gone => return Poll::Ready(None),
         };
         match Pin::new(inner).poll_frame(cx) {
             Poll::Ready(Some(Ok(frame))) => {

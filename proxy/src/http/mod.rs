@@ -412,6 +412,7 @@ impl HttpForwarder {
         };
         let mut slot = UpstreamSlot::new(permit, self.metrics.upstream_in_flight.clone());
         let (mut parts, body) = req.into_parts();
+        let client_is_h2 = parts.version == Version::HTTP_2;
         let client_authority = parts.uri.authority().cloned();
         let path_and_query = parts
             .uri
@@ -490,7 +491,9 @@ impl HttpForwarder {
             let (upstream_req, body_return) = if can_retry {
                 let (capped, back) =
                     CappedBody::returnable(client_body, max_body, client.activity.clone());
-                let capped = capped.counting(bytes_in);
+                let capped = capped
+                    .counting(bytes_in)
+                    .draining_when_abandoned(client_is_h2);
                 let head = parts.as_ref().expect("kept while retries remain");
                 let mut req = Request::new(capped);
                 *req.method_mut() = head.method.clone();
@@ -502,7 +505,8 @@ impl HttpForwarder {
                 let mut head = parts.take().expect("the head is used once, last");
                 head.uri = uri;
                 let capped = CappedBody::new(client_body, max_body, client.activity.clone())
-                    .counting(bytes_in);
+                    .counting(bytes_in)
+                    .draining_when_abandoned(client_is_h2);
                 (Request::from_parts(head, capped), None)
             };
 

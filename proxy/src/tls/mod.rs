@@ -107,7 +107,7 @@ pub fn listener_tls(
     policy: &TlsPolicy,
     default_alpn: &[&[u8]],
 ) -> Result<(Provider, LoadedCert, Arc<ServerConfig>), CryptoError> {
-    let provider = Provider::new(provider, &policy.kx_groups)?;
+    let provider = Provider::with_groups(provider, policy.kx_groups.as_deref())?;
     let loaded = load_certified_key(&provider, cert, key)?;
     let config = server_config(&provider, &loaded, policy, default_alpn)?;
     Ok((provider, loaded, config))
@@ -380,7 +380,7 @@ mod tests {
         let mut wire = (Vec::new(), Vec::new());
         for provider in ProviderName::SOFTWARE {
             let policy = TlsPolicy {
-                kx_groups: vec![KxGroupName::X25519],
+                kx_groups: Some(vec![KxGroupName::X25519]),
                 ..TlsPolicy::default()
             };
             let (_, _, server) = listener_tls(provider, cert, key, &policy, &[]).unwrap();

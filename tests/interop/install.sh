@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Installs the third-party clients tests/interop.rs drives, each in its own virtualenv from
+# PyPI (pinned, so a new release cannot change a verdict unnoticed):
+#   $DIR/qdrant-client: the official Python qdrant-client, its newest 1.x (REST via httpx,
+#                       gRPC via grpcio)
+#   $DIR/sslyze:        sslyze, whose --mozilla_config checks a server against Mozilla's
+#                       TLS guidelines
+# DIR is $INTEROP_CLIENTS, else ~/.cache/vector-tls-proxy/interop. Idempotent.
+set -euo pipefail
+dir="${INTEROP_CLIENTS:-$HOME/.cache/vector-tls-proxy/interop}"
+python=${PYTHON:-python3}
+qdrant_client_version=1.20.0
+sslyze_version=6.3.1
+mkdir -p "$dir"
+if ! "$python" -c "import venv, ensurepip" 2>/dev/null && command -v apt-get >/dev/null; then
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv >/dev/null
+fi
+if ! "$dir/qdrant-client/bin/python" -c "import qdrant_client" 2>/dev/null \
+  || [ "$("$dir/qdrant-client/bin/pip" show qdrant-client 2>/dev/null | sed -n 's/^Version: //p')" != "$qdrant_client_version" ]; then
+  rm -rf "$dir/qdrant-client"
+  "$python" -m venv "$dir/qdrant-client"
+  "$dir/qdrant-client/bin/pip" install -q "qdrant-client==$qdrant_client_version"
+fi
+if [ "$("$dir/sslyze/bin/pip" show sslyze 2>/dev/null | sed -n 's/^Version: //p')" != "$sslyze_version" ]; then
+  rm -rf "$dir/sslyze"
+  "$python" -m venv "$dir/sslyze"
+  "$dir/sslyze/bin/pip" install -q "sslyze==$sslyze_version"
+fi
+echo "interop clients in $dir: qdrant-client $("$dir/qdrant-client/bin/pip" show qdrant-client | sed -n 's/^Version: //p'), sslyze $("$dir/sslyze/bin/pip" show sslyze | sed -n 's/^Version: //p')"

@@ -126,6 +126,93 @@ fn listen_ports(toml: &str) -> Vec<u16> {
     ports
 }
 
+/// The monitoring overlay (deploy/kubernetes/monitoring) scrapes `metrics`, a variant's
+/// metrics Service, under the job its rules select on: the ServiceMonitor selects the
+/// Service and its port, and its `jobLabel` names a label of the Service whose value is
+/// the `job` of every selector in the rules. Without that, the "proxy down" alert and the
+/// recording rules would never match on Kubernetes.
+fn assert_monitoring_matches(metrics: &Value, variant: &str) {
+    let monitoring = render(&[
+        "kustomize",
+        repo()
+            .join("deploy/kubernetes/monitoring")
+            .to_str()
+            .unwrap(),
+    ]);
+    let list = monitoring.as_array().unwrap();
+    let find = |kind: &str| {
+        list.iter()
+            .find(|r| r["kind"] == kind && r["metadata"]["name"] == "vector-tls-proxy")
+            .unwrap_or_else(|| panic!("monitoring: no {kind}/vector-tls-proxy"))
+    };
+    let monitor = &find("ServiceMonitor")["spec"];
+    let labels = metrics["metadata"]["labels"].as_object().unwrap();
+    for (k, v) in monitor["selector"]["matchLabels"].as_object().unwrap() {
+        assert_eq!(
+            labels.get(k),
+            Some(v),
+            "{variant}: the ServiceMonitor does not select the metrics Service"
+        );
+    }
+    assert_eq!(
+        monitor["endpoints"][0]["port"],
+        metrics["spec"]["ports"][0]["name"]
+    );
+    let job_label = monitor["jobLabel"]
+        .as_str()
+        .expect("the ServiceMonitor sets jobLabel");
+    let job = labels[job_label]
+        .as_str()
+        .unwrap_or_else(|| panic!("{variant}: the metrics Service has no {job_label} label"));
+    // The rules file, read by the same YAML parser, is the PrometheusRule's content.
+    let rules_file = repo().join("deploy/prometheus/vector-tls-proxy.rules.yml");
+    let out = Command::new(validator_python("k8s"))
+        .args([
+            "-c",
+            "import json, sys, yaml; print(json.dumps(yaml.safe_load(open(sys.argv[1]))))",
+        ])
+        .arg(&rules_file)
+        .output()
+        .expect("python");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let rules: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let groups = &find("PrometheusRule")["spec"]["groups"];
+    assert_eq!(
+        groups, &rules["groups"],
+        "prometheusrule.yaml differs from deploy/prometheus/vector-tls-proxy.rules.yml"
+    );
+    let text = groups.to_string();
+    let selected: Vec<&str> = text
+        .split("job=\\\"")
+        .skip(1)
+        .map(|rest| rest.split("\\\"").next().unwrap())
+        .collect();
+    assert!(!selected.is_empty(), "the rules select no job: {text}");
+    assert!(
+        selected.iter().all(|j| *j == job),
+        "{variant}: the rules select job {selected:?}, the ServiceMonitor makes it {job:?}"
+    );
+    // promtool reads the PrometheusRule's groups as a rules file (JSON is YAML).
+    let dir = temp_dir("deploy-prometheusrule");
+    let file = dir.join("groups.yml");
+    std::fs::write(&file, serde_json::json!({"groups": groups}).to_string()).unwrap();
+    let out = Command::new("promtool")
+        .args(["check", "rules"])
+        .arg(&file)
+        .output()
+        .expect("promtool");
+    assert!(
+        out.status.success(),
+        "promtool check rules on the PrometheusRule: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 fn strings(v: &Value) -> Vec<String> {
     v.as_array()
         .map(|a| a.iter().map(|s| s.as_str().unwrap().to_owned()).collect())
@@ -296,6 +383,7 @@ fn kubernetes_manifests_validate_and_agree_with_the_binaries() {
         "overlays/sidecar",
         "overlays/qat",
         "loadgen",
+        "monitoring",
     ]
     .iter()
     .map(|d| k8s.join(d).display().to_string())
@@ -308,8 +396,10 @@ fn kubernetes_manifests_validate_and_agree_with_the_binaries() {
         match r["outcome"].as_str().unwrap() {
             "valid" => valid += 1,
             "no schema" => assert!(
-                r["resource"].as_str().unwrap().contains("ServiceMonitor/"),
-                "only the Prometheus Operator's CRD lacks a bundled schema: {r}"
+                ["ServiceMonitor/", "PrometheusRule/"]
+                    .iter()
+                    .any(|k| r["resource"].as_str().unwrap().contains(k)),
+                "only the Prometheus Operator's CRDs lack a bundled schema: {r}"
             ),
             _ => panic!("invalid against Kubernetes {KUBERNETES_VERSION}: {r}"),
         }
@@ -385,9 +475,17 @@ fn kubernetes_manifests_validate_and_agree_with_the_binaries() {
                 "the QAT device plugin's resource"
             );
         }
-        find("ServiceMonitor", "vector-tls-proxy");
+        // Base and variants apply on a cluster without the Prometheus Operator.
+        assert!(
+            list.iter().all(|r| !r["apiVersion"]
+                .as_str()
+                .unwrap_or("")
+                .starts_with("monitoring.coreos.com")),
+            "{variant}: a Prometheus Operator resource outside deploy/kubernetes/monitoring"
+        );
         let metrics = find("Service", "vector-tls-proxy-metrics");
         assert_eq!(metrics["spec"]["ports"][0]["name"], "admin");
+        assert_monitoring_matches(metrics, variant);
         if *variant != "sidecar" {
             find("PodDisruptionBudget", "vector-tls-proxy");
         }

@@ -78,7 +78,7 @@ impl CappedBody {
     /// If this body is dropped before the client's stream ended (the upstream answered
     /// without reading all of it: an unknown gRPC method, a refused key, a size check),
     /// the rest of the stream is read and discarded in a task of its own, within
-    /// [`ABANDONED_DRAIN_MAX_BYTES`] and [`ABANDONED_DRAIN_TIMEOUT`], instead of being
+    /// `ABANDONED_DRAIN_MAX_BYTES` and `ABANDONED_DRAIN_TIMEOUT` (16 MiB, 10 s), instead of being
     /// reset at once.
     ///
     /// For HTTP/2 clients. Resetting is what RFC 9113 8.1 allows, but the DATA the client

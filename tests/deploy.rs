@@ -126,6 +126,56 @@ fn listen_ports(toml: &str) -> Vec<u16> {
     ports
 }
 
+/// Some NetworkPolicy selects the Qdrant pods, and every ingress rule that opens Qdrant's
+/// plaintext ports (6333, 6334) admits only pods with the proxy Deployment's labels
+/// (`proxy_labels`): no other pod can go around TLS. In the sidecar variant
+/// (`proxy_labels` None) no rule opens them at all: the pod's own proxy reaches them over
+/// loopback.
+fn assert_qdrant_reachable_through_the_proxy_only(
+    list: &[Value],
+    proxy_labels: Option<&Value>,
+    variant: &str,
+) {
+    let policies: Vec<&Value> = list
+        .iter()
+        .filter(|r| {
+            r["kind"] == "NetworkPolicy"
+                && r["spec"]["podSelector"]["matchLabels"]["app.kubernetes.io/name"] == "qdrant"
+        })
+        .collect();
+    assert!(
+        !policies.is_empty(),
+        "{variant}: no NetworkPolicy guards Qdrant"
+    );
+    for rule in policies
+        .iter()
+        .flat_map(|p| p["spec"]["ingress"].as_array().unwrap())
+    {
+        // A rule without ports opens every port.
+        let opens_plaintext = rule["ports"]
+            .as_array()
+            .is_none_or(|ports| ports.iter().any(|p| p["port"] == 6333 || p["port"] == 6334));
+        if !opens_plaintext {
+            continue;
+        }
+        let proxy_labels = proxy_labels
+            .unwrap_or_else(|| panic!("{variant}: Qdrant's plaintext ports opened: {rule}"));
+        let from = rule["from"].as_array().unwrap_or_else(|| {
+            panic!("{variant}: Qdrant's plaintext ports open to every pod: {rule}")
+        });
+        for peer in from {
+            let wanted = peer["podSelector"]["matchLabels"].as_object();
+            assert!(
+                wanted
+                    .is_some_and(|m| !m.is_empty() && m.iter().all(|(k, v)| proxy_labels[k] == *v))
+                    && peer["namespaceSelector"].is_null()
+                    && peer["ipBlock"].is_null(),
+                "{variant}: Qdrant's plaintext ports open to more than the proxy's pods: {rule}"
+            );
+        }
+    }
+}
+
 /// The monitoring overlay (deploy/kubernetes/monitoring) scrapes `metrics`, a variant's
 /// metrics Service, under the job its rules select on: the ServiceMonitor selects the
 /// Service and its port, and its `jobLabel` names a label of the Service whose value is
@@ -486,6 +536,10 @@ fn kubernetes_manifests_validate_and_agree_with_the_binaries() {
         let metrics = find("Service", "vector-tls-proxy-metrics");
         assert_eq!(metrics["spec"]["ports"][0]["name"], "admin");
         assert_monitoring_matches(metrics, variant);
+        let proxy_labels = (*variant != "sidecar").then(|| {
+            &find("Deployment", "vector-tls-proxy")["spec"]["template"]["metadata"]["labels"]
+        });
+        assert_qdrant_reachable_through_the_proxy_only(list, proxy_labels, variant);
         if *variant != "sidecar" {
             find("PodDisruptionBudget", "vector-tls-proxy");
         }

@@ -57,14 +57,97 @@ async fn unary_streaming_and_error_status_pass_through() {
     assert_eq!(first.status, ServingStatus::Serving as i32);
     drop(stream);
 
-    let m = proxy.metrics();
-    let grpc = metric_value(
-        &m,
-        "proxy_http_requests_total",
-        &[("protocol", "grpc"), ("status", "200")],
-    )
-    .unwrap_or(0.0);
-    assert!(grpc >= 3.0, "{m}");
+    // gRPC calls are counted when they end (their grpc-status is in the trailers), so
+    // the cancelled watch counts once the proxy has seen the cancellation.
+    let deadline = std::time::Instant::now() + WAIT;
+    loop {
+        let m = proxy.metrics();
+        let grpc = metric_sum(
+            &m,
+            "proxy_http_requests_total",
+            &[("protocol", "grpc"), ("status", "200")],
+        );
+        if grpc >= 3.0 {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "{m}");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
+/// A gRPC call answers HTTP 200 whether it succeeded or not: the proxy counts and logs it
+/// by the grpc-status of its trailers, or of its head for a trailers-only answer (how
+/// Qdrant's and tonic's errors arrive), so a rejected upsert is visible.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grpc_calls_are_counted_and_logged_by_their_grpc_status() {
+    use qdrant_client::qdrant::collections_client::CollectionsClient;
+    use qdrant_client::qdrant::{GetCollectionInfoRequest, ListCollectionsRequest};
+    let eq = EmbeddedQdrant::start(&temp_dir("grpc-outcomes"));
+    let log = temp_dir("grpc-outcomes-log").join("access.log");
+    let proxy = ProxyProcess::start(
+        &format!("http://{}", eq.grpc),
+        ProviderName::AwsLcRs,
+        CertAlgorithmName::EcdsaP256,
+        &[
+            "--upstream-protocol",
+            "h2c",
+            "--access-log",
+            log.to_str().unwrap(),
+        ],
+    );
+    let mut client = CollectionsClient::new(channel(&proxy));
+    client
+        .list(ListCollectionsRequest {})
+        .await
+        .expect("list collections");
+    let err = client
+        .get(GetCollectionInfoRequest {
+            collection_name: "missing".into(),
+        })
+        .await
+        .expect_err("no such collection");
+    assert_eq!(err.code(), tonic::Code::NotFound, "{err}");
+    let ok = [
+        ("protocol", "grpc"),
+        ("status", "200"),
+        ("grpc_status", "0"),
+    ];
+    let not_found = [
+        ("protocol", "grpc"),
+        ("status", "200"),
+        ("grpc_status", "5"),
+    ];
+    proxy.wait_metric("proxy_http_requests_total", &ok, 1.0);
+    proxy.wait_metric("proxy_http_requests_total", &not_found, 1.0);
+    // The access log says the same, line by line.
+    let deadline = std::time::Instant::now() + WAIT;
+    let lines = loop {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        let lines: Vec<serde_json::Value> = text
+            .lines()
+            .map(|l| serde_json::from_str(l).expect("a JSON line"))
+            .collect();
+        if lines.len() >= 2 || std::time::Instant::now() > deadline {
+            break lines;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    let status_of = |path: &str| {
+        lines
+            .iter()
+            .find(|l| l["path"] == path)
+            .map(|l| (l["status"].clone(), l["grpc_status"].clone()))
+    };
+    assert_eq!(
+        status_of("/qdrant.Collections/List"),
+        Some((200.into(), "0".into())),
+        "{lines:?}"
+    );
+    assert_eq!(
+        status_of("/qdrant.Collections/Get"),
+        Some((200.into(), "5".into())),
+        "{lines:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

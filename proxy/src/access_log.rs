@@ -116,6 +116,9 @@ pub struct Record {
     pub protocol: &'static str,
     /// The response status.
     pub status: u16,
+    /// A gRPC call's grpc-status (as the request counter labels it); none for other
+    /// protocols.
+    pub grpc_status: Option<&'static str>,
     /// Request body bytes received.
     pub bytes_in: u64,
     /// Response body bytes sent.
@@ -181,6 +184,13 @@ impl PendingRecord {
     pub fn set_upstream(&mut self, node: &http::uri::Authority) {
         if let Some(r) = &mut self.record {
             r.upstream = Some(node.clone());
+        }
+    }
+
+    /// A gRPC call's grpc-status label.
+    pub fn set_grpc_status(&mut self, grpc_status: &'static str) {
+        if let Some(r) = &mut self.record {
+            r.grpc_status = Some(grpc_status);
         }
     }
 
@@ -298,6 +308,7 @@ impl AccessLog {
                 .unwrap_or_else(|| http::uri::PathAndQuery::from_static("/")),
             protocol,
             status: 0,
+            grpc_status: None,
             bytes_in: 0,
             bytes_out: 0,
             duration_ms: 0.0,
@@ -482,6 +493,9 @@ pub fn format_line(r: &Record, format: AccessLogFormat, out: &mut Vec<u8>) {
                 r.resumed,
                 r.listener,
             );
+            if let Some(code) = r.grpc_status {
+                let _ = write!(out, " grpc_status={code}");
+            }
         }
     }
     out.push(b'\n');
@@ -500,6 +514,7 @@ mod tests {
             path: http::uri::PathAndQuery::from_static("/collections/c/points?wait=%22true%22"),
             protocol: "http1",
             status: 200,
+            grpc_status: None,
             bytes_in: 812_345,
             bytes_out: 91,
             duration_ms: 12.5,
@@ -523,6 +538,19 @@ mod tests {
         assert_eq!(v["upstream"], "127.0.0.1:6333");
         assert_eq!(v["provider"], "aws-lc-rs");
         assert_eq!(v["resumed"], false);
+        assert_eq!(v["grpc_status"], serde_json::Value::Null, "not a gRPC call");
+        let mut out = Vec::new();
+        format_line(
+            &Record {
+                protocol: "grpc",
+                grpc_status: Some("5"),
+                ..record()
+            },
+            AccessLogFormat::Json,
+            &mut out,
+        );
+        let v: serde_json::Value = serde_json::from_slice(&out).unwrap();
+        assert_eq!(v["grpc_status"], "5");
     }
 
     #[test]

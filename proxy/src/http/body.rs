@@ -16,6 +16,7 @@ use tokio::sync::OwnedSemaphorePermit;
 
 use crate::access_log::PendingRecord;
 use crate::io::{Activity, RequestGuard};
+use crate::metrics::{grpc_status_label, GrpcOutcomes, GRPC_STATUS_NONE};
 use crate::upstream::NodeLease;
 
 /// An HTTP/2 request body the upstream stopped reading (it answered early) is read on and
@@ -290,6 +291,16 @@ pub struct ResponseBody {
     _slot: Option<UpstreamSlot>,
     /// The access log's record of this request, queued when the body is dropped.
     log: Option<PendingRecord>,
+    /// A gRPC call's outcome, counted when the body is dropped.
+    grpc: Option<GrpcTally>,
+}
+
+/// A gRPC call waiting for its grpc-status (see [`ResponseBody::count_grpc`]).
+#[derive(Debug)]
+struct GrpcTally {
+    outcomes: GrpcOutcomes,
+    status: http::StatusCode,
+    grpc_status: Option<&'static str>,
 }
 
 impl ResponseBody {
@@ -310,6 +321,7 @@ impl ResponseBody {
             request: None,
             _slot: Some(slot),
             log: None,
+            grpc: None,
         }
     }
 
@@ -319,6 +331,7 @@ impl ResponseBody {
             request: None,
             _slot: None,
             log: None,
+            grpc: None,
         }
     }
 
@@ -326,6 +339,23 @@ impl ResponseBody {
     /// dropped (sent, failed or abandoned).
     pub fn log_with(&mut self, record: PendingRecord) {
         self.log = Some(record);
+    }
+
+    /// Counts this gRPC call in `outcomes` by its grpc-status: the one already in the
+    /// response head (a trailers-only answer) or the one its trailers bring, or
+    /// [`GRPC_STATUS_NONE`] if the body ends or is dropped without one; the access log
+    /// records the same.
+    pub fn count_grpc(
+        &mut self,
+        outcomes: &GrpcOutcomes,
+        status: http::StatusCode,
+        in_head: Option<&'static str>,
+    ) {
+        self.grpc = Some(GrpcTally {
+            outcomes: outcomes.clone(),
+            status,
+            grpc_status: in_head,
+        });
     }
 
     /// Ties the request's guard to this body: the request stays in flight until the body
@@ -342,6 +372,18 @@ impl ResponseBody {
     fn completed(&mut self) {
         if let Some(r) = &mut self.request {
             r.complete();
+        }
+    }
+}
+
+impl Drop for ResponseBody {
+    fn drop(&mut self) {
+        if let Some(tally) = self.grpc.take() {
+            let grpc_status = tally.grpc_status.unwrap_or(GRPC_STATUS_NONE);
+            tally.outcomes.count(tally.status, grpc_status);
+            if let Some(log) = &mut self.log {
+                log.set_grpc_status(grpc_status);
+            }
         }
     }
 }
@@ -366,6 +408,11 @@ impl Body for ResponseBody {
                 }
                 if let (Some(log), Some(data)) = (&mut this.log, frame.data_ref()) {
                     log.sent(data.len());
+                }
+                if let (Some(tally), Some(trailers)) = (&mut this.grpc, frame.trailers_ref()) {
+                    if let Some(v) = trailers.get("grpc-status") {
+                        tally.grpc_status = Some(grpc_status_label(v.as_bytes()));
+                    }
                 }
                 if this.is_end_stream() {
                     this.completed();

@@ -324,6 +324,16 @@ impl HttpForwarder {
         }
         self.metrics
             .request(protocol_label, resp.status(), started.elapsed());
+        if grpc {
+            // A trailers-only answer (an error, usually) carries its status in the head.
+            let in_head = resp
+                .headers()
+                .get("grpc-status")
+                .map(|v| crate::metrics::grpc_status_label(v.as_bytes()));
+            let status = resp.status();
+            resp.body_mut()
+                .count_grpc(self.metrics.grpc_outcomes(), status, in_head);
+        }
         let bodiless = head_only
             || resp.status() == http::StatusCode::NO_CONTENT
             || resp.status() == http::StatusCode::NOT_MODIFIED;

@@ -4,6 +4,7 @@
 //! Label values come from small fixed sets (listener names from the config, provider and
 //! algorithm names, TLS versions, HTTP status codes, error kinds), never from client input.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 mod process;
@@ -186,9 +187,11 @@ impl Metrics {
         let requests = IntCounterVec::new(
             Opts::new(
                 "proxy_http_requests_total",
-                "Requests served, by listener, protocol (http1, h2, grpc) and HTTP status.",
+                "Requests served, by listener, protocol (http1, h2, grpc), HTTP status and, \
+                 for gRPC, the call's grpc-status (0-16 as sent; none: the response ended \
+                 without one; unknown: not a status code; empty for other protocols).",
             ),
-            &["listener", "protocol", "status"],
+            &["listener", "protocol", "status", "grpc_status"],
         )
         .expect("static metric definition");
         let request_seconds = HistogramVec::new(
@@ -451,6 +454,10 @@ impl Metrics {
             upstream_rejected: self.upstream_rejected.with_label_values(&[listener]),
             upstream_in_flight: self.upstream_in_flight.with_label_values(&[listener]),
             upstream_retries: self.upstream_retries.with_label_values(&[listener]),
+            grpc: GrpcOutcomes {
+                requests: self.requests.clone(),
+                listener: Arc::from(listener),
+            },
             metrics: self.clone(),
         }
     }
@@ -597,8 +604,44 @@ pub struct ListenerMetrics {
     pub upstream_in_flight: IntGauge,
     /// Requests sent to another node after a failed connect.
     pub upstream_retries: IntCounter,
+    grpc: GrpcOutcomes,
     metrics: Metrics,
 }
+
+/// gRPC calls counted in `proxy_http_requests_total` by their grpc-status, which arrives
+/// in the response's trailers (or in its head, for a trailers-only answer): the HTTP
+/// status of a gRPC call is 200 whether it succeeded or not. Cloning it allocates nothing,
+/// so every call's response body can carry one.
+#[derive(Clone, Debug)]
+pub struct GrpcOutcomes {
+    requests: IntCounterVec,
+    listener: Arc<str>,
+}
+
+impl GrpcOutcomes {
+    /// A gRPC call that ended with `grpc_status` (a label of [`grpc_status_label`]).
+    pub fn count(&self, status: http::StatusCode, grpc_status: &'static str) {
+        self.requests
+            .with_label_values(&[&self.listener, "grpc", status.as_str(), grpc_status])
+            .inc();
+    }
+}
+
+/// The label of a `grpc-status` value: the code as sent for the 17 codes gRPC defines,
+/// `unknown` for anything else (bounded, whatever an upstream sends).
+pub fn grpc_status_label(value: &[u8]) -> &'static str {
+    const CODES: [&str; 17] = [
+        "0", "1", "2", "3", "4", "5", "6", "7", "8", "9", "10", "11", "12", "13", "14", "15", "16",
+    ];
+    CODES
+        .iter()
+        .find(|c| c.as_bytes() == value)
+        .copied()
+        .unwrap_or("unknown")
+}
+
+/// The label of a gRPC call whose response ended without a grpc-status.
+pub const GRPC_STATUS_NONE: &str = "none";
 
 impl ListenerMetrics {
     /// The listener's name.
@@ -648,15 +691,23 @@ impl ListenerMetrics {
             .inc();
     }
 
-    /// A request whose response head was sent.
+    /// A request whose response head was sent: its time to the head, and its count (for
+    /// gRPC calls, once their grpc-status is known: [`ListenerMetrics::grpc_outcomes`]).
     pub fn request(&self, protocol: &'static str, status: http::StatusCode, took: Duration) {
         let m = &self.metrics;
-        m.requests
-            .with_label_values(&[&self.listener, protocol, status.as_str()])
-            .inc();
+        if protocol != "grpc" {
+            m.requests
+                .with_label_values(&[&self.listener, protocol, status.as_str(), ""])
+                .inc();
+        }
         m.request_seconds
             .with_label_values(&[&self.listener, protocol])
             .observe(took.as_secs_f64());
+    }
+
+    /// Where this listener's gRPC calls are counted by their grpc-status.
+    pub fn grpc_outcomes(&self) -> &GrpcOutcomes {
+        &self.grpc
     }
 
     /// A connection the proxy closed on a deadline or limit; `reason` is one of
@@ -721,7 +772,7 @@ mod tests {
         ), "{text}");
         assert!(
             text.contains(
-                r#"proxy_http_requests_total{listener="rest",protocol="http1",status="200"} 1"#
+                r#"proxy_http_requests_total{grpc_status="",listener="rest",protocol="http1",status="200"} 1"#
             ),
             "{text}"
         );

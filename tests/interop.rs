@@ -379,3 +379,66 @@ fn which(name: &str) -> Result<PathBuf, ()> {
         })
         .ok_or(())
 }
+
+/// Handshakes that fail are counted by why, with clients that fail them for real: bytes
+/// that are no TLS (an HTTP request on the TLS port), `openssl s_client` offering only a
+/// non-AEAD suite (none in common), and `openssl s_client` not trusting the certificate
+/// (its alert); and completed ones by what they negotiated.
+#[test]
+fn handshake_failures_are_counted_by_reason_and_handshakes_by_what_they_negotiated() {
+    use std::io::{Read, Write};
+    let upstream = EchoUpstream::start();
+    let proxy = ProxyProcess::start(
+        &upstream.url(),
+        ProviderName::AwsLcRs,
+        CertAlgorithmName::EcdsaP256,
+        &[],
+    );
+    let addr = proxy.addr.to_string();
+    let mut plain = std::net::TcpStream::connect(proxy.addr).expect("connect");
+    plain
+        .set_read_timeout(Some(std::time::Duration::from_secs(10)))
+        .unwrap();
+    plain
+        .write_all(b"GET / HTTP/1.1\r\nHost: localhost\r\n\r\n")
+        .unwrap();
+    let _ = plain.read_to_end(&mut Vec::new());
+    let s_client = |args: &[&str]| {
+        run_bounded(
+            Command::new("openssl")
+                .arg("s_client")
+                .args(["-connect", &addr, "-servername", "localhost", "-brief"])
+                .args(args),
+            "openssl s_client",
+        )
+    };
+    let (ok, out) = s_client(&["-tls1_2", "-cipher", "AES128-SHA"]);
+    assert!(!ok, "a suite the proxy does not offer was accepted:\n{out}");
+    // No -CAfile: the client cannot verify the test CA and says so with an alert.
+    let (ok, out) = s_client(&["-verify_return_error"]);
+    assert!(!ok, "an untrusted certificate was accepted:\n{out}");
+    let ca = certs().ca_cert.display().to_string();
+    let (ok, out) = s_client(&["-CAfile", &ca, "-tls1_3", "-groups", "P-384"]);
+    assert!(ok, "{out}");
+
+    let failures = "proxy_tls_handshake_failures_total";
+    for reason in ["not_tls", "incompatible", "alert_received"] {
+        proxy.wait_metric(failures, &[("reason", reason)], 1.0);
+    }
+    proxy.wait_metric(
+        "proxy_tls_negotiated_total",
+        &[
+            ("tls_version", "1.3"),
+            ("cipher_suite", "TLS13_AES_128_GCM_SHA256"),
+            ("kx_group", "secp384r1"),
+        ],
+        1.0,
+    );
+    let m = proxy.metrics();
+    assert_eq!(metric_sum(&m, failures, &[]), 3.0, "{m}");
+    assert_eq!(
+        metric_sum(&m, "proxy_tls_handshakes_total", &[("outcome", "error")]),
+        3.0,
+        "{m}"
+    );
+}

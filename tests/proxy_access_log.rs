@@ -118,10 +118,32 @@ async fn json_lines_describe_each_exchange() {
     assert_eq!(v[2]["status"], 413);
     assert_eq!(v[2]["upstream"], serde_json::Value::Null);
     assert_eq!(v[2]["bytes_out"], too_big.body.len());
+    // Every request has an x-request-id: the upstream got the one the log names.
+    let id = v[0]["request_id"].as_str().expect("a request id");
+    assert!(
+        id.len() == 32 && id.bytes().all(|b| b.is_ascii_hexdigit()),
+        "{id}"
+    );
+    assert_eq!(
+        h1.json()["headers"]["x-request-id"],
+        id,
+        "the upstream's copy"
+    );
+    assert_ne!(v[1]["request_id"], v[0]["request_id"], "one id per request");
     let m = proxy.metrics();
     assert_eq!(
         metric_value(&m, "proxy_access_log_lines_total", &[]),
         Some(3.0)
+    );
+    // The upstream's own time to its answer, for the two requests it answered.
+    assert_eq!(
+        metric_sum(
+            &m,
+            "proxy_upstream_response_duration_seconds_count",
+            &[("upstream_protocol", "http1")]
+        ),
+        2.0,
+        "{m}"
     );
     assert_eq!(
         metric_value(&m, "proxy_access_log_dropped_total", &[]),

@@ -28,7 +28,11 @@ async fn every_provider_every_algorithm_both_tls_versions() {
                     cfg,
                     "POST",
                     "/collections/c/points?wait=true",
-                    &[("x-test", "matrix"), ("content-type", "application/json")],
+                    &[
+                        ("x-test", "matrix"),
+                        ("content-type", "application/json"),
+                        ("x-request-id", "client-chosen-7"),
+                    ],
                     Bytes::from(body.clone()),
                 )
                 .await
@@ -40,6 +44,8 @@ async fn every_provider_every_algorithm_both_tls_versions() {
                 assert_eq!(echo["method"], "POST");
                 assert_eq!(echo["body_sha256"], sha256_hex(body.as_bytes()));
                 assert_eq!(echo["headers"]["x-test"], "matrix");
+                // A client's request id is kept as it came.
+                assert_eq!(echo["headers"]["x-request-id"], "client-chosen-7");
                 assert_eq!(echo["headers"]["x-forwarded-proto"], "https");
                 assert_eq!(echo["headers"]["x-forwarded-for"], "127.0.0.1");
             }

@@ -119,6 +119,9 @@ pub struct Record {
     /// A gRPC call's grpc-status (as the request counter labels it); none for other
     /// protocols.
     pub grpc_status: Option<&'static str>,
+    /// The request's `x-request-id`, as the client sent it or as the proxy added it.
+    #[serde(serialize_with = "header_opt")]
+    pub request_id: Option<http::HeaderValue>,
     /// Request body bytes received.
     pub bytes_in: u64,
     /// Response body bytes sent.
@@ -134,6 +137,17 @@ pub struct Record {
     pub provider: &'static str,
     /// A resumed TLS session.
     pub resumed: bool,
+}
+
+fn header_opt<S: serde::Serializer>(
+    v: &Option<http::HeaderValue>,
+    s: S,
+) -> Result<S::Ok, S::Error> {
+    match v {
+        // A client's id may hold bytes that are not UTF-8: written lossily, never dropped.
+        Some(h) => s.serialize_str(&String::from_utf8_lossy(h.as_bytes())),
+        None => s.serialize_none(),
+    }
 }
 
 fn display<S: serde::Serializer, T: std::fmt::Display>(v: &T, s: S) -> Result<S::Ok, S::Error> {
@@ -184,6 +198,13 @@ impl PendingRecord {
     pub fn set_upstream(&mut self, node: &http::uri::Authority) {
         if let Some(r) = &mut self.record {
             r.upstream = Some(node.clone());
+        }
+    }
+
+    /// The request's `x-request-id`.
+    pub fn set_request_id(&mut self, id: http::HeaderValue) {
+        if let Some(r) = &mut self.record {
+            r.request_id = Some(id);
         }
     }
 
@@ -309,6 +330,7 @@ impl AccessLog {
             protocol,
             status: 0,
             grpc_status: None,
+            request_id: None,
             bytes_in: 0,
             bytes_out: 0,
             duration_ms: 0.0,
@@ -496,6 +518,14 @@ pub fn format_line(r: &Record, format: AccessLogFormat, out: &mut Vec<u8>) {
             if let Some(code) = r.grpc_status {
                 let _ = write!(out, " grpc_status={code}");
             }
+            if let Some(id) = &r.request_id {
+                // The client's bytes: escaped like the request line, so no line is forged.
+                let _ = write!(
+                    out,
+                    " request_id={}",
+                    String::from_utf8_lossy(id.as_bytes()).escape_default()
+                );
+            }
         }
     }
     out.push(b'\n');
@@ -515,6 +545,7 @@ mod tests {
             protocol: "http1",
             status: 200,
             grpc_status: None,
+            request_id: Some(http::HeaderValue::from_static("req-7")),
             bytes_in: 812_345,
             bytes_out: 91,
             duration_ms: 12.5,
@@ -539,6 +570,7 @@ mod tests {
         assert_eq!(v["provider"], "aws-lc-rs");
         assert_eq!(v["resumed"], false);
         assert_eq!(v["grpc_status"], serde_json::Value::Null, "not a gRPC call");
+        assert_eq!(v["request_id"], "req-7");
         let mut out = Vec::new();
         format_line(
             &Record {
@@ -573,7 +605,7 @@ mod tests {
             2,
             "only the request field's own quotes are bare: {text}"
         );
-        assert!(text.contains("HTTP/1.1\" 200 91 in=812345 ms=12.500 upstream=127.0.0.1:6333 tls=1.3 provider=aws-lc-rs resumed=false listener=rest"), "{text}");
+        assert!(text.contains("HTTP/1.1\" 200 91 in=812345 ms=12.500 upstream=127.0.0.1:6333 tls=1.3 provider=aws-lc-rs resumed=false listener=rest request_id=req-7"), "{text}");
     }
 
     #[test]

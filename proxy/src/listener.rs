@@ -175,13 +175,13 @@ async fn handle_connection(
     let tls_stream = match handshake {
         Ok(Ok(s)) => s,
         Ok(Err(e)) => {
-            m.handshake_failed("error");
+            m.handshake_failed_because(e.reason());
             m.connection_error("handshake");
             crate::peer_warn!(listener = %ctx.tls.labels.name, %peer, error = %e, "TLS handshake failed");
             return;
         }
         Err(_) => {
-            m.handshake_failed("timeout");
+            m.handshake_failed_because("timeout");
             m.connection_error("handshake_timeout");
             crate::peer_warn!(
                 listener = %ctx.tls.labels.name,
@@ -195,6 +195,8 @@ async fn handle_connection(
     let (version, resumed, h2) = tls::describe(&tls_stream);
     let m = current.metrics_for(tls_stream.get_ref().1.server_name());
     m.handshake_ok(version, resumed, started.elapsed());
+    let (suite, group) = tls::negotiated(&tls_stream);
+    m.negotiated(version, suite, group);
 
     match &ctx.mode {
         Mode::Http(forwarder) => {

@@ -130,6 +130,7 @@ async fn echo(req: Request<Incoming>) -> Result<Response<Full<Bytes>>, Infallibl
         "authorization": header("authorization"),
         "connection": header("connection"),
         "x-test": header("x-test"),
+        "x-request-id": header("x-request-id"),
     });
     let method = req.method().to_string();
     let version = format!("{:?}", req.version());

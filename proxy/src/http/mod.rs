@@ -298,7 +298,7 @@ impl HttpForwarder {
 
     async fn forward(
         &self,
-        req: Request<Incoming>,
+        mut req: Request<Incoming>,
         client: &ForwardService,
         request: RequestGuard,
     ) -> Response<ResponseBody> {
@@ -306,12 +306,16 @@ impl HttpForwarder {
         let grpc = is_grpc(req.headers());
         let head_only = req.method() == http::Method::HEAD;
         let protocol_label = if grpc { "grpc" } else { client.client_protocol };
+        let request_id = ensure_request_id(req.headers_mut());
         let mut log = match (&self.access_log, &client.facts) {
             (Some(access_log), Some(facts)) => {
                 access_log.begin(facts, req.method(), req.uri(), protocol_label)
             }
             _ => None,
         };
+        if let Some(log) = &mut log {
+            log.set_request_id(request_id);
+        }
         let mut resp = self
             .exchange(req, grpc, client, started, log.as_mut())
             .await;
@@ -520,6 +524,7 @@ impl HttpForwarder {
                 (Request::from_parts(head, capped), None)
             };
 
+            let sent = Instant::now();
             let result = tokio::time::timeout(
                 self.limits.upstream_response_timeout,
                 upstream_client.request(upstream_req),
@@ -527,6 +532,8 @@ impl HttpForwarder {
             .await;
             return match result {
                 Ok(Ok(resp)) => {
+                    self.metrics
+                        .upstream_response(if use_h2c { "h2c" } else { "http1" }, sent.elapsed());
                     self.pool.connected(&lease);
                     slot.hold(lease);
                     let (mut parts, body) = resp.into_parts();
@@ -649,6 +656,37 @@ fn content_length(headers: &HeaderMap) -> Option<u64> {
         .ok()?
         .parse()
         .ok()
+}
+
+/// The request's `x-request-id`: the client's (or a front proxy's), kept as it came, or a
+/// new one, added to the request so that the upstream and the access log carry the same.
+/// A new id is 32 hex digits: a random per-process prefix and a hashed per-request
+/// counter (unique within the process, unlikely to repeat across processes; not secret).
+fn ensure_request_id(headers: &mut http::HeaderMap) -> HeaderValue {
+    static X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+    if let Some(id) = headers.get(&X_REQUEST_ID) {
+        return id.clone();
+    }
+    use std::hash::BuildHasher;
+    static STATE: std::sync::OnceLock<(std::collections::hash_map::RandomState, u64)> =
+        std::sync::OnceLock::new();
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let (state, prefix) = STATE.get_or_init(|| {
+        let state = std::collections::hash_map::RandomState::new();
+        let prefix = state.hash_one(std::process::id());
+        (state, prefix)
+    });
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let mut text = [0u8; 32];
+    let hex = b"0123456789abcdef";
+    for (i, word) in [*prefix, state.hash_one(n)].into_iter().enumerate() {
+        for j in 0..16 {
+            text[i * 16 + j] = hex[((word >> (60 - 4 * j)) & 0xf) as usize];
+        }
+    }
+    let id = HeaderValue::from_bytes(&text).expect("hex digits are a valid header value");
+    headers.insert(X_REQUEST_ID.clone(), id.clone());
+    id
 }
 
 fn te_is_trailers(headers: &HeaderMap) -> bool {

@@ -29,6 +29,26 @@ const REQUEST_BUCKETS: &[f64] = &[
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
 ];
 
+/// Why a TLS handshake failed (see `proxy_tls_handshake_failures_total`), a bounded set:
+/// `timeout` (no complete handshake within `handshake_timeout`), `eof` (the client closed
+/// or reset the connection mid-handshake), `not_tls` (its first bytes were no
+/// ClientHello: plain HTTP, a scanner), `incompatible` (no protocol version, cipher suite,
+/// group or signature scheme in common), `alert_received` (the client refused: usually
+/// it does not trust the certificate), `client_certificate` (mTLS: missing or not
+/// verified), `protocol` (malformed or out-of-order TLS), `offload` (the signing pool
+/// failed), `other`.
+pub const HANDSHAKE_FAILURE_REASONS: [&str; 9] = [
+    "timeout",
+    "eof",
+    "not_tls",
+    "incompatible",
+    "alert_received",
+    "client_certificate",
+    "protocol",
+    "offload",
+    "other",
+];
+
 /// Why the proxy closes a connection itself (see `proxy_connection_closes_total`).
 pub const CLOSE_REASONS: [&str; 6] = [
     "no_first_request",
@@ -134,9 +154,12 @@ impl NodeMetrics {
 pub struct Metrics {
     registry: Registry,
     handshakes: IntCounterVec,
+    handshake_failures: IntCounterVec,
+    negotiated: IntCounterVec,
     handshake_seconds: HistogramVec,
     requests: IntCounterVec,
     request_seconds: HistogramVec,
+    upstream_response_seconds: HistogramVec,
     upstream_errors: IntCounterVec,
     connection_errors: IntCounterVec,
     active_connections: IntGaugeVec,
@@ -175,6 +198,24 @@ impl Metrics {
             &["listener", "provider", "algorithm", "tls_version", "resumed", "outcome"],
         )
         .expect("static metric definition");
+        let handshake_failures = IntCounterVec::new(
+            Opts::new(
+                "proxy_tls_handshake_failures_total",
+                "Failed TLS handshakes by reason (timeout, eof, not_tls, incompatible, \
+                 alert_received, client_certificate, protocol, offload, other).",
+            ),
+            &["listener", "reason"],
+        )
+        .expect("static metric definition");
+        let negotiated = IntCounterVec::new(
+            Opts::new(
+                "proxy_tls_negotiated_total",
+                "Completed TLS handshakes by what they negotiated: protocol version, cipher \
+                 suite and key-exchange group (none on a TLS 1.2 resumption).",
+            ),
+            &["listener", "tls_version", "cipher_suite", "kx_group"],
+        )
+        .expect("static metric definition");
         let handshake_seconds = HistogramVec::new(
             HistogramOpts::new(
                 "proxy_tls_handshake_duration_seconds",
@@ -201,6 +242,17 @@ impl Metrics {
             )
             .buckets(REQUEST_BUCKETS.to_vec()),
             &["listener", "protocol"],
+        )
+        .expect("static metric definition");
+        let upstream_response_seconds = HistogramVec::new(
+            HistogramOpts::new(
+                "proxy_upstream_response_duration_seconds",
+                "Time from handing a request to the upstream (a new connection's set-up \
+                 included) to its response head: the upstream's own share of \
+                 proxy_http_request_duration_seconds.",
+            )
+            .buckets(REQUEST_BUCKETS.to_vec()),
+            &["listener", "upstream_protocol"],
         )
         .expect("static metric definition");
         let upstream_errors = IntCounterVec::new(
@@ -360,6 +412,8 @@ impl Metrics {
 
         for c in [
             Box::new(handshakes.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(handshake_failures.clone()),
+            Box::new(negotiated.clone()),
             Box::new(upstream_retries.clone()),
             Box::new(connection_closes.clone()),
             Box::new(upstream_rejected.clone()),
@@ -372,6 +426,7 @@ impl Metrics {
             Box::new(handshake_seconds.clone()),
             Box::new(requests.clone()),
             Box::new(request_seconds.clone()),
+            Box::new(upstream_response_seconds.clone()),
             Box::new(upstream_errors.clone()),
             Box::new(connection_errors.clone()),
             Box::new(active_connections.clone()),
@@ -388,9 +443,12 @@ impl Metrics {
         Self {
             registry,
             handshakes,
+            handshake_failures,
+            negotiated,
             handshake_seconds,
             requests,
             request_seconds,
+            upstream_response_seconds,
             upstream_errors,
             connection_errors,
             active_connections,
@@ -442,6 +500,10 @@ impl Metrics {
         }
         for kind in ["body", "method"] {
             self.client_errors.with_label_values(&[listener, kind]);
+        }
+        for reason in HANDSHAKE_FAILURE_REASONS {
+            self.handshake_failures
+                .with_label_values(&[listener, reason]);
         }
         ListenerMetrics {
             listener: listener.to_owned(),
@@ -668,8 +730,36 @@ impl ListenerMetrics {
             .observe(took.as_secs_f64());
     }
 
+    /// What a completed handshake negotiated.
+    pub fn negotiated(
+        &self,
+        tls_version: &'static str,
+        cipher_suite: &'static str,
+        kx_group: &'static str,
+    ) {
+        self.metrics
+            .negotiated
+            .with_label_values(&[&self.listener, tls_version, cipher_suite, kx_group])
+            .inc();
+    }
+
+    /// A handshake that failed, and why (one of [`HANDSHAKE_FAILURE_REASONS`]); its
+    /// `outcome` in `proxy_tls_handshakes_total` is `timeout` for a timeout, `error`
+    /// otherwise.
+    pub fn handshake_failed_because(&self, reason: &'static str) {
+        self.metrics
+            .handshake_failures
+            .with_label_values(&[&self.listener, reason])
+            .inc();
+        self.handshake_failed(if reason == "timeout" {
+            "timeout"
+        } else {
+            "error"
+        });
+    }
+
     /// A handshake that failed (`outcome` is `error` or `timeout`).
-    pub fn handshake_failed(&self, outcome: &'static str) {
+    fn handshake_failed(&self, outcome: &'static str) {
         self.metrics
             .handshakes
             .with_label_values(&[
@@ -702,6 +792,14 @@ impl ListenerMetrics {
         }
         m.request_seconds
             .with_label_values(&[&self.listener, protocol])
+            .observe(took.as_secs_f64());
+    }
+
+    /// The upstream's answer to a forwarded request (`upstream_protocol`: http1 or h2c).
+    pub fn upstream_response(&self, upstream_protocol: &'static str, took: Duration) {
+        self.metrics
+            .upstream_response_seconds
+            .with_label_values(&[&self.listener, upstream_protocol])
             .observe(took.as_secs_f64());
     }
 

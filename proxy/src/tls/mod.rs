@@ -339,6 +339,63 @@ where
     })
 }
 
+impl HandshakeError {
+    /// The bounded reason of `proxy_tls_handshake_failures_total`
+    /// ([`crate::metrics::HANDSHAKE_FAILURE_REASONS`]).
+    pub fn reason(&self) -> &'static str {
+        if self.kind == "offload" {
+            return "offload";
+        }
+        if let Some(e) = self
+            .source
+            .get_ref()
+            .and_then(|e| e.downcast_ref::<rustls::Error>())
+        {
+            return match e {
+                // Bytes that are no TLS record at all, where a ClientHello should be.
+                rustls::Error::InvalidMessage(_) if self.kind == "client_hello" => "not_tls",
+                rustls::Error::PeerIncompatible(_) => "incompatible",
+                rustls::Error::AlertReceived(_) => "alert_received",
+                rustls::Error::NoCertificatesPresented | rustls::Error::InvalidCertificate(_) => {
+                    "client_certificate"
+                }
+                rustls::Error::InvalidMessage(_)
+                | rustls::Error::InappropriateMessage { .. }
+                | rustls::Error::InappropriateHandshakeMessage { .. }
+                | rustls::Error::PeerMisbehaved(_)
+                | rustls::Error::DecryptError => "protocol",
+                _ => "other",
+            };
+        }
+        match self.source.kind() {
+            io::ErrorKind::UnexpectedEof
+            | io::ErrorKind::ConnectionReset
+            | io::ErrorKind::ConnectionAborted
+            | io::ErrorKind::BrokenPipe => "eof",
+            io::ErrorKind::InvalidData if self.kind == "client_hello" => "not_tls",
+            io::ErrorKind::InvalidData => "protocol",
+            _ => "other",
+        }
+    }
+}
+
+/// What a completed handshake negotiated, for `proxy_tls_negotiated_total`: the cipher
+/// suite's IANA name and the key-exchange group's (`none` where there was no key
+/// exchange, a TLS 1.2 resumption).
+pub fn negotiated<IO>(stream: &TlsStream<IO>) -> (&'static str, &'static str) {
+    let (_, conn) = stream.get_ref();
+    let suite = conn
+        .negotiated_cipher_suite()
+        .and_then(|s| s.suite().as_str())
+        .unwrap_or("other");
+    let group = match conn.negotiated_key_exchange_group() {
+        Some(g) => crate::crypto::KxGroupName::from_named_group(g.name())
+            .map_or("other", crate::crypto::KxGroupName::as_str),
+        None => "none",
+    };
+    (suite, group)
+}
+
 /// What a completed handshake negotiated, for metrics.
 pub fn describe<IO>(stream: &TlsStream<IO>) -> (&'static str, bool, bool) {
     let (_, conn) = stream.get_ref();

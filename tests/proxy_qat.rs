@@ -265,10 +265,10 @@ async fn a_provider_that_does_not_offload_falls_back_when_asked() {
     assert_eq!(
         metric_value(
             &m,
-            "proxy_qat_pke_utilization_peak_percent",
+            "proxy_qat_pke_utilization_peak_ratio",
             &[("device", "qat_4xxx_0000:6b:00.0")]
         ),
-        Some(46.0),
+        Some(0.46),
         "{m}"
     );
     assert_eq!(

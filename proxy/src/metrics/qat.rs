@@ -94,20 +94,20 @@ impl QatMetrics {
             telemetry_available,
             device_utilization: gauge_vec(
                 registry,
-                "proxy_qat_device_utilization_percent",
-                "Mean utilisation over every slice of the QAT device, percent.",
+                "proxy_qat_device_utilization_ratio",
+                "Mean utilisation over every slice of the QAT device, 0 to 1.",
                 &["device"],
             ),
             pke_utilization: gauge_vec(
                 registry,
-                "proxy_qat_pke_utilization_percent",
-                "Mean utilisation of the device's public-key engines, percent.",
+                "proxy_qat_pke_utilization_ratio",
+                "Mean utilisation of the device's public-key engines, 0 to 1.",
                 &["device"],
             ),
             pke_utilization_peak: gauge_vec(
                 registry,
-                "proxy_qat_pke_utilization_peak_percent",
-                "Utilisation of the busiest public-key engine, percent.",
+                "proxy_qat_pke_utilization_peak_ratio",
+                "Utilisation of the busiest public-key engine, 0 to 1.",
                 &["device"],
             ),
             latency: gauge_vec(
@@ -161,9 +161,19 @@ impl QatMetrics {
                             g.with_label_values(labels).set(v);
                         }
                     };
-                    set(&self.device_utilization, &[dev], d.device_utilization());
-                    set(&self.pke_utilization, &[dev], d.pke_utilization());
-                    set(&self.pke_utilization_peak, &[dev], d.pke_utilization_peak());
+                    // The driver reports percent; Prometheus' convention is a 0-1 ratio.
+                    let ratio = |percent: Option<f64>| percent.map(|p| p / 100.0);
+                    set(
+                        &self.device_utilization,
+                        &[dev],
+                        ratio(d.device_utilization()),
+                    );
+                    set(&self.pke_utilization, &[dev], ratio(d.pke_utilization()));
+                    set(
+                        &self.pke_utilization_peak,
+                        &[dev],
+                        ratio(d.pke_utilization_peak()),
+                    );
                     set(&self.latency, &[dev, "gp"], d.gp_latency_seconds());
                     set(&self.latency, &[dev, "rd"], d.read_latency_seconds());
                     set(

@@ -300,6 +300,34 @@ impl Metrics {
             &["listener"],
         )
         .expect("static metric definition");
+        let build_info = IntGaugeVec::new(
+            Opts::new(
+                "proxy_build_info",
+                "Always 1; labels give the versions of the proxy and of the TLS libraries it \
+                 runs with (OpenSSL as loaded at run time, the others as built).",
+            ),
+            &[
+                "version",
+                "rustls",
+                "ring",
+                "aws_lc_rs",
+                "aws_lc",
+                "rustls_openssl",
+                "openssl",
+            ],
+        )
+        .expect("static metric definition");
+        build_info
+            .with_label_values(&[
+                env!("CARGO_PKG_VERSION"),
+                env!("PROXY_DEP_RUSTLS"),
+                env!("PROXY_DEP_RING"),
+                env!("PROXY_DEP_AWS_LC_RS"),
+                aws_lc_version(),
+                env!("PROXY_DEP_RUSTLS_OPENSSL"),
+                openssl::version::version(),
+            ])
+            .set(1);
         let listener_info = IntGaugeVec::new(
             Opts::new(
                 "proxy_listener_info",
@@ -413,6 +441,7 @@ impl Metrics {
         for c in [
             Box::new(handshakes.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(handshake_failures.clone()),
+            Box::new(build_info),
             Box::new(negotiated.clone()),
             Box::new(upstream_retries.clone()),
             Box::new(connection_closes.clone()),
@@ -702,6 +731,14 @@ pub fn grpc_status_label(value: &[u8]) -> &'static str {
         .unwrap_or("unknown")
 }
 
+/// AWS-LC's own version (e.g. `5.12.0`), as the linked aws-lc-sys reports it.
+fn aws_lc_version() -> &'static str {
+    std::ffi::CStr::from_bytes_with_nul(aws_lc_sys::AWSLC_VERSION_NUMBER_STRING)
+        .ok()
+        .and_then(|c| c.to_str().ok())
+        .unwrap_or("unknown")
+}
+
 /// The label of a gRPC call whose response ended without a grpc-status.
 pub const GRPC_STATUS_NONE: &str = "none";
 
@@ -865,6 +902,21 @@ mod tests {
         l.request("http1", http::StatusCode::OK, Duration::from_millis(3));
         let text = String::from_utf8(m.render()).unwrap();
         assert!(text.contains("# HELP proxy_tls_handshakes_total"), "{text}");
+        // The build's versions, as the libraries in use report them.
+        let build = text
+            .lines()
+            .find(|l| l.starts_with("proxy_build_info{"))
+            .unwrap_or_else(|| panic!("no proxy_build_info:\n{text}"));
+        assert!(build.contains(r#"rustls="0.23."#), "{build}");
+        assert!(
+            build.contains(r#"aws_lc="#) && !build.contains(r#"aws_lc="unknown""#),
+            "{build}"
+        );
+        assert!(
+            build.contains(&format!("openssl=\"{}\"", openssl::version::version())),
+            "{build}"
+        );
+        assert!(build.ends_with(" 1"), "{build}");
         assert!(text.contains(
             r#"proxy_tls_handshakes_total{algorithm="rsa2048",listener="rest",outcome="ok",provider="ring",resumed="false",tls_version="TLSv1_3"} 1"#
         ), "{text}");

@@ -507,6 +507,36 @@ fn kubernetes_manifests_validate_and_agree_with_the_binaries() {
             "{variant}: container ports are the configuration's"
         );
         assert_eq!(container["readinessProbe"]["httpGet"]["path"], "/readyz");
+        // A rollout drops nothing: after SIGTERM the proxy keeps accepting (not ready)
+        // for accept_grace, at least two readiness periods so the endpoint is removed
+        // first, then drains for shutdown_grace; the pod's termination grace covers both.
+        let limits: toml::Value = toml::from_str(&config).expect("proxy.toml");
+        let secs = |key: &str, default: f64| {
+            limits
+                .get("limits")
+                .and_then(|l| l.get(key))
+                .and_then(|v| v.as_str())
+                .map_or(default, |d| {
+                    humantime::parse_duration(d).unwrap().as_secs_f64()
+                })
+        };
+        let (accept, drain) = (secs("accept_grace", 0.0), secs("shutdown_grace", 30.0));
+        let termination = pod["terminationGracePeriodSeconds"]
+            .as_f64()
+            .unwrap_or(30.0);
+        assert!(
+            termination >= accept + drain,
+            "{variant}: terminationGracePeriodSeconds {termination} < accept_grace {accept} + shutdown_grace {drain}"
+        );
+        if *variant != "sidecar" {
+            let period = container["readinessProbe"]["periodSeconds"]
+                .as_f64()
+                .unwrap_or(10.0);
+            assert!(
+                accept >= 2.0 * period,
+                "{variant}: accept_grace {accept} s is under two readiness periods ({period} s)"
+            );
+        }
         let mounts = container["volumeMounts"].as_array().unwrap();
         assert!(
             mounts

@@ -142,6 +142,54 @@ async fn sigterm_drains_in_flight_requests_and_exits_zero() {
     assert!(std::net::TcpStream::connect(addr).is_err());
 }
 
+/// `--accept-grace`: on SIGTERM the proxy reports not ready at once but keeps accepting
+/// and serving new connections for the grace (a load balancer or Kubernetes removes the
+/// endpoint only after it sees readiness fail), then drains and exits 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_keeps_accepting_for_the_accept_grace_while_not_ready() {
+    let upstream = EchoUpstream::start();
+    let mut proxy = ProxyProcess::start(
+        &upstream.url(),
+        ProviderName::AwsLcRs,
+        CertAlgorithmName::EcdsaP256,
+        &["--accept-grace", "3s", "--shutdown-grace", "5s"],
+    );
+    let (addr, admin) = (proxy.addr, proxy.admin);
+    assert_eq!(plain_get(admin, "/readyz").0, 200);
+    proxy.terminate();
+    let deadline = std::time::Instant::now() + WAIT;
+    while plain_get(admin, "/readyz").0 != 503 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "readiness never failed"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let not_ready_at = std::time::Instant::now();
+    // Within the grace: a new connection and its request are served.
+    let answer = get(addr, "/")
+        .await
+        .expect("served during the accept grace");
+    assert_eq!(answer.status, 200);
+    assert!(
+        not_ready_at.elapsed() < Duration::from_secs(3),
+        "the check took too long"
+    );
+    let status = tokio::task::spawn_blocking(move || {
+        let s = proxy.wait_exit(Duration::from_secs(20));
+        (s, proxy.log_text())
+    })
+    .await
+    .unwrap();
+    assert_eq!(status.0.code(), Some(0), "{}", status.1);
+    assert!(
+        not_ready_at.elapsed() >= Duration::from_millis(2500),
+        "exited before the accept grace was over"
+    );
+    assert!(status.1.contains("still accepting"), "{}", status.1);
+    assert!(std::net::TcpStream::connect(addr).is_err());
+}
+
 /// `--log-format json`: every line the proxy writes is one JSON object, with the level,
 /// the message and the event's fields beside it (what log shippers index).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

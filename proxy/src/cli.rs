@@ -161,6 +161,9 @@ pub struct Overrides {
     /// How long in-flight requests may take to finish after SIGTERM.
     #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
     shutdown_grace: Option<Duration>,
+    /// After SIGTERM: how long to keep accepting, reporting not ready, before draining.
+    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
+    accept_grace: Option<Duration>,
     /// How often certificate and key files are checked for replacement (0s: never; SIGHUP
     /// still reloads).
     #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
@@ -347,6 +350,9 @@ fn apply_process_flags(cfg: &mut Config, o: &Overrides) {
     }
     if let Some(d) = o.shutdown_grace {
         cfg.limits.shutdown_grace = d;
+    }
+    if let Some(d) = o.accept_grace {
+        cfg.limits.accept_grace = d;
     }
     if let Some(d) = o.first_request_timeout {
         cfg.limits.first_request_timeout = d;

@@ -49,6 +49,13 @@ pub const DEFAULT_H2_MAX_CONCURRENT_STREAMS: u32 = 256;
 pub const DEFAULT_H2_MAX_FRAME_SIZE: u32 = 1024 * 1024;
 /// In-flight requests get this long to finish after SIGTERM.
 pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
+/// After SIGTERM the proxy reports not ready (`/readyz` 503) but keeps accepting and
+/// serving for this long before it drains: a load balancer or Kubernetes removes the
+/// endpoint only after it sees the readiness fail, and connections that arrive in between
+/// would be refused. 0 by default (a proxy with no balancer in front stops accepting at
+/// once); the Kubernetes manifests set it, with a termination grace that covers it and
+/// `shutdown_grace`.
+pub const DEFAULT_ACCEPT_GRACE: Duration = Duration::ZERO;
 /// A connection that has sent no request this long after its handshake (or the idle timeout,
 /// if shorter) is closed: an h2 client that never sends its preface, or only PINGs, holds a
 /// slot for nothing.
@@ -215,6 +222,9 @@ pub struct Limits {
     /// See [`DEFAULT_SHUTDOWN_GRACE`].
     #[serde(with = "humantime_serde")]
     pub shutdown_grace: Duration,
+    /// See [`DEFAULT_ACCEPT_GRACE`].
+    #[serde(with = "humantime_serde")]
+    pub accept_grace: Duration,
     /// See [`DEFAULT_FIRST_REQUEST_TIMEOUT`].
     #[serde(with = "humantime_serde")]
     pub first_request_timeout: Duration,
@@ -308,6 +318,7 @@ impl Default for Limits {
             h2_max_concurrent_streams: DEFAULT_H2_MAX_CONCURRENT_STREAMS,
             h2_max_frame_size: DEFAULT_H2_MAX_FRAME_SIZE,
             shutdown_grace: DEFAULT_SHUTDOWN_GRACE,
+            accept_grace: DEFAULT_ACCEPT_GRACE,
             first_request_timeout: DEFAULT_FIRST_REQUEST_TIMEOUT,
             stall_timeout: DEFAULT_STALL_TIMEOUT,
             drain_timeout: DEFAULT_DRAIN_TIMEOUT,

@@ -188,8 +188,9 @@ impl Proxy {
         (listeners, self.admin.local_addr().ok())
     }
 
-    /// Serves until `shutdown` fires, then drains: stops accepting, marks not ready, lets
-    /// in-flight requests finish up to the grace period, and returns.
+    /// Serves until `shutdown` fires, then marks not ready, keeps accepting and serving
+    /// for `accept_grace`, drains (stops accepting, lets in-flight requests finish up to
+    /// `shutdown_grace`), and returns.
     pub async fn serve(self, shutdown: CancellationToken) {
         let ready = Arc::new(AtomicBool::new(false));
         let admin_stop = CancellationToken::new();
@@ -216,6 +217,9 @@ impl Proxy {
         }
         let limit = Arc::new(Semaphore::new(self.limits.max_connections));
         let tracker = TaskTracker::new();
+        // What the accept loops and connections drain on: SIGTERM, once `accept_grace`
+        // has passed.
+        let drain = CancellationToken::new();
         let mut accept_loops = Vec::with_capacity(self.listeners.len());
         for (listener, ctx) in self.listeners {
             let (kind, settings) = &ctx.health_check;
@@ -225,13 +229,19 @@ impl Proxy {
                 ctx,
                 limit.clone(),
                 tracker.clone(),
-                shutdown.clone(),
+                drain.clone(),
             )));
         }
         ready.store(true, Ordering::Release);
 
         shutdown.cancelled().await;
         ready.store(false, Ordering::Release);
+        let grace = self.limits.accept_grace;
+        if !grace.is_zero() {
+            tracing::info!(accept_grace = ?grace, "not ready; still accepting until the endpoint is removed");
+            tokio::time::sleep(grace).await;
+        }
+        drain.cancel();
         for l in accept_loops {
             // The loops end on the same token; joining drops the listening sockets.
             let _ = l.await;

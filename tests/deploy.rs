@@ -317,6 +317,24 @@ fn compose_file_is_valid_and_agrees_with_the_binaries() {
     let ports = listen_ports(&config_text);
     assert_eq!(published, [ports[0] as u64, ports[1] as u64]);
     assert_eq!(ports[2], 9900);
+    // Everything else that publishes (Prometheus, Grafana: no authentication, or a default
+    // password) does so on the host's loopback only.
+    for (name, s) in services {
+        if name == "proxy" {
+            continue;
+        }
+        for p in s["ports"].as_array().into_iter().flatten() {
+            // docker-compose keeps "IP:HOST:CONTAINER" as a string, the rest as objects.
+            let host_ip = match p.as_str() {
+                Some(short) => short.split(':').next().unwrap_or_default().to_owned(),
+                None => p["host_ip"].as_str().unwrap_or_default().to_owned(),
+            };
+            assert_eq!(
+                host_ip, "127.0.0.1",
+                "{name} publishes {p} beyond the host's loopback"
+            );
+        }
+    }
 
     // The proxy runs the mounted configuration, which checks out.
     let proxy = &services["proxy"];

@@ -558,6 +558,19 @@ impl Grpc {
             .await
     }
 
+    /// A payload operation, applied as every update is (`wait` unset: acknowledged).
+    async fn apply_payload(
+        &self,
+        collection: &str,
+        op: PayloadOps,
+        wait: Option<bool>,
+        started: Instant,
+    ) -> Result<Response<pb::PointsOperationResponse>, Status> {
+        let op = UpdateOperation::PayloadOperation(op);
+        self.apply(collection, op, wait.unwrap_or(false), started)
+            .await
+    }
+
     async fn payload_change(
         &self,
         req: pb::SetPayloadPoints,
@@ -576,13 +589,8 @@ impl Grpc {
         } else {
             PayloadOps::SetPayload(op)
         };
-        self.apply(
-            &req.collection_name,
-            UpdateOperation::PayloadOperation(op),
-            req.wait.unwrap_or(false),
-            started,
-        )
-        .await
+        self.apply_payload(&req.collection_name, op, req.wait, started)
+            .await
     }
 
     pub(crate) async fn points_set_payload(
@@ -616,13 +624,8 @@ impl Grpc {
             points,
             filter,
         });
-        self.apply(
-            &req.collection_name,
-            UpdateOperation::PayloadOperation(op),
-            req.wait.unwrap_or(false),
-            started,
-        )
-        .await
+        self.apply_payload(&req.collection_name, op, req.wait, started)
+            .await
     }
 
     pub(crate) async fn points_clear_payload(
@@ -635,13 +638,8 @@ impl Grpc {
             Selection::Ids(points) => PayloadOps::ClearPayload { points },
             Selection::Filter(f) => PayloadOps::ClearPayloadByFilter(f),
         };
-        self.apply(
-            &req.collection_name,
-            UpdateOperation::PayloadOperation(op),
-            req.wait.unwrap_or(false),
-            started,
-        )
-        .await
+        self.apply_payload(&req.collection_name, op, req.wait, started)
+            .await
     }
 
     pub(crate) async fn collection_list(

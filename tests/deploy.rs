@@ -105,6 +105,8 @@ fn assert_config_checks(toml: &str, what: &str) {
         }
     }
     std::fs::write(dir.join("admin.token"), "0123456789abcdef0123456789abcdef").unwrap();
+    // The CA that an https:// upstream's certificate chains to (the deployment overlay).
+    std::fs::copy(&certs().ca_cert, dir.join("qdrant-ca.crt")).unwrap();
     let local = toml.replace(CERT_DIR, &format!("{}/", dir.display()));
     let file = dir.join("proxy.toml");
     std::fs::write(&file, local).unwrap();
@@ -231,8 +233,11 @@ fn assert_monitoring_matches(metrics: &Value, variant: &str) {
     );
     let rules: Value = serde_json::from_slice(&out.stdout).unwrap();
     let groups = &find("PrometheusRule")["spec"]["groups"];
+    // kustomize re-emits block scalars with blank lines of its own: compare the PromQL and
+    // the texts with their white space folded.
     assert_eq!(
-        groups, &rules["groups"],
+        fold_whitespace(groups),
+        fold_whitespace(&rules["groups"]),
         "prometheusrule.yaml differs from deploy/prometheus/vector-tls-proxy.rules.yml"
     );
     let text = groups.to_string();
@@ -261,6 +266,20 @@ fn assert_monitoring_matches(metrics: &Value, variant: &str) {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+/// `v` with every string's runs of white space folded into one space.
+fn fold_whitespace(v: &Value) -> Value {
+    match v {
+        Value::String(s) => Value::String(s.split_whitespace().collect::<Vec<_>>().join(" ")),
+        Value::Array(a) => Value::Array(a.iter().map(fold_whitespace).collect()),
+        Value::Object(o) => Value::Object(
+            o.iter()
+                .map(|(k, v)| (k.clone(), fold_whitespace(v)))
+                .collect(),
+        ),
+        other => other.clone(),
+    }
 }
 
 fn strings(v: &Value) -> Vec<String> {
@@ -307,6 +326,41 @@ fn compose_file_is_valid_and_agrees_with_the_binaries() {
         services["qdrant"].get("ports").is_none(),
         "qdrant publishes ports"
     );
+    // Qdrant beside the proxy: in its network namespace, on loopback only, with an API key
+    // generated into a volume that only Qdrant, the generator and loadgen mount.
+    let qdrant = &services["qdrant"];
+    assert_eq!(qdrant["network_mode"], "service:proxy", "{qdrant}");
+    assert_eq!(
+        qdrant["environment"]["QDRANT__SERVICE__HOST"], "127.0.0.1",
+        "{qdrant}"
+    );
+    let qdrant_start = strings(&qdrant["command"]).join(" ");
+    let key_file = "/run/secrets/vector-tls-proxy/qdrant-api-key";
+    // `$$` is compose's escape for the shell's `$`: docker-compose config keeps it.
+    assert!(
+        qdrant_start.contains(&format!(
+            "export QDRANT__SERVICE__API_KEY=\"$$(cat {key_file})\""
+        )),
+        "{qdrant_start}"
+    );
+    let secrets_mounted_by: Vec<&String> = services
+        .iter()
+        .filter(|(_, s)| {
+            s["volumes"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|v| v["source"] == "secrets")
+        })
+        .map(|(name, _)| name)
+        .collect();
+    assert_eq!(secrets_mounted_by, ["certs", "loadgen", "qdrant"]);
+    assert!(
+        strings(&services["certs"]["command"])
+            .join(" ")
+            .contains(&format!("> {key_file}")),
+        "the certs one-shot does not generate the API key"
+    );
     let published: Vec<u64> = services["proxy"]["ports"]
         .as_array()
         .unwrap()
@@ -315,6 +369,17 @@ fn compose_file_is_valid_and_agrees_with_the_binaries() {
         .collect();
     let config_text = std::fs::read_to_string(repo().join("deploy/compose/proxy.toml")).unwrap();
     let ports = listen_ports(&config_text);
+    for upstream in toml::from_str::<toml::Value>(&config_text).unwrap()["listener"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l["upstream"].as_str().unwrap())
+    {
+        assert!(
+            upstream.starts_with("http://127.0.0.1:"),
+            "{upstream}: not Qdrant's loopback"
+        );
+    }
     assert_eq!(published, [ports[0] as u64, ports[1] as u64]);
     assert_eq!(ports[2], 9900);
     // Everything else that publishes (Prometheus, Grafana: no authentication, or a default
@@ -391,6 +456,14 @@ fn compose_file_is_valid_and_agrees_with_the_binaries() {
         target,
         &format!("proxy:{}", ports[1]),
         "loadgen's gRPC target"
+    );
+    assert_eq!(
+        lg[lg
+            .iter()
+            .position(|a| a == "--api-key-file")
+            .expect("loadgen sends the API key")
+            + 1],
+        key_file
     );
     let model = &lg[lg.iter().position(|a| a == "--embeddings-model").unwrap() + 1];
     assert!(
@@ -485,16 +558,22 @@ fn kubernetes_manifests_validate_and_agree_with_the_binaries() {
                 .find(|r| r["kind"] == kind && r["metadata"]["name"] == name)
                 .unwrap_or_else(|| panic!("{variant}: no {kind}/{name}"))
         };
-        // Qdrant: three peers in cluster mode, behind a disruption budget.
+        // Qdrant: three peers in cluster mode, behind a disruption budget, refusing every
+        // request without the API key of the Secret the operator creates.
         let qdrant = find("StatefulSet", "qdrant");
         assert_eq!(qdrant["spec"]["replicas"], 3);
         find("PodDisruptionBudget", "qdrant");
-        let config = find("ConfigMap", "vector-tls-proxy")["data"]["proxy.toml"]
-            .as_str()
+        let qdrant_container = qdrant["spec"]["template"]["spec"]["containers"]
+            .as_array()
             .unwrap()
-            .to_owned();
-        assert_config_checks(&config, &format!("{variant} ConfigMap"));
-        let ports = listen_ports(&config);
+            .iter()
+            .find(|c| c["name"] == "qdrant")
+            .unwrap_or_else(|| panic!("{variant}: no qdrant container"));
+        assert_eq!(
+            env_secret(qdrant_container, "QDRANT__SERVICE__API_KEY"),
+            Some(QDRANT_API_KEY_SECRET),
+            "{variant}: Qdrant without the API key"
+        );
         // The proxy container: where it runs depends on the variant.
         let pod = if *variant == "sidecar" {
             &qdrant["spec"]["template"]["spec"]
@@ -510,8 +589,105 @@ fn kubernetes_manifests_validate_and_agree_with_the_binaries() {
         let args = strings(&container["args"]);
         assert_eq!(
             args[..3],
-            ["run", "--config", "/etc/vector-tls-proxy/proxy.toml"]
+            ["run", "--config", "/etc/vector-tls-proxy/config/proxy.toml"]
         );
+        // The configuration: the whole ConfigMap mounted (a subPath mount never sees an
+        // update), under a name kustomize derives from its content, so that an edit
+        // rolls the pods.
+        let mounts = container["volumeMounts"].as_array().unwrap();
+        assert!(
+            mounts.iter().all(|m| m["subPath"].is_null()),
+            "{variant}: a subPath mount: {mounts:?}"
+        );
+        let config_mount = mounts
+            .iter()
+            .find(|m| m["mountPath"] == "/etc/vector-tls-proxy/config")
+            .unwrap_or_else(|| panic!("{variant}: no configuration mount"));
+        let config_volume = pod["volumes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|v| v["name"] == config_mount["name"])
+            .unwrap();
+        let config_map = config_volume["configMap"]["name"].as_str().unwrap();
+        let hash = config_map
+            .strip_prefix("vector-tls-proxy-")
+            .unwrap_or_else(|| panic!("{variant}: ConfigMap {config_map} has no content hash"));
+        assert!(
+            hash.len() >= 8 && hash.chars().all(|c| c.is_ascii_alphanumeric()),
+            "{variant}: ConfigMap {config_map} has no content hash"
+        );
+        let config = find("ConfigMap", config_map)["data"]["proxy.toml"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        assert_config_checks(&config, &format!("{variant} ConfigMap"));
+        let ports = listen_ports(&config);
+        let parsed: toml::Value = toml::from_str(&config).expect("proxy.toml");
+        // `upstream` is one URL or a list of them.
+        let upstreams: Vec<String> = parsed["listener"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .flat_map(|l| match &l["upstream"] {
+                toml::Value::Array(nodes) => nodes.clone(),
+                one => vec![one.clone()],
+            })
+            .map(|u| u.as_str().unwrap().to_owned())
+            .collect();
+        if *variant == "sidecar" {
+            // Beside its own Qdrant: loopback only.
+            assert!(
+                upstreams.iter().all(|u| u.starts_with("http://127.0.0.1:")),
+                "{variant}: {upstreams:?}"
+            );
+        } else {
+            // Across nodes: TLS to Qdrant, verified against the CA of Qdrant's Secret,
+            // which the certificate volume projects where the configuration reads it.
+            assert!(
+                upstreams.iter().all(|u| u.starts_with("https://")),
+                "{variant}: plaintext across nodes: {upstreams:?}"
+            );
+            let env = strings(
+                &qdrant_container["env"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .filter(|e| e["value"] == "true")
+                    .map(|e| e["name"].clone())
+                    .collect::<Value>(),
+            );
+            for key in [
+                "QDRANT__SERVICE__ENABLE_TLS",
+                "QDRANT__CLUSTER__P2P__ENABLE_TLS",
+            ] {
+                assert!(
+                    env.iter().any(|e| e == key),
+                    "{variant}: Qdrant without {key}"
+                );
+            }
+            for l in parsed["listener"].as_array().unwrap() {
+                let ca = l["upstream_tls"]["ca"].as_str().unwrap();
+                let file = ca
+                    .strip_prefix(CERT_DIR)
+                    .expect("the CA among the certificates");
+                let certs_volume = pod["volumes"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .find(|v| v["name"] == "certs")
+                    .unwrap();
+                assert!(
+                    certs_volume["projected"]["sources"]
+                        .as_array()
+                        .unwrap()
+                        .iter()
+                        .any(|s| s["secret"]["name"] == "qdrant-tls"
+                            && s["secret"]["items"][0]["path"] == file),
+                    "{variant}: {ca} is not projected from qdrant-tls: {certs_volume}"
+                );
+            }
+        }
         assert_flags_exist(&args, &run_help, variant);
         let container_ports: Vec<u64> = container["ports"]
             .as_array()
@@ -555,7 +731,6 @@ fn kubernetes_manifests_validate_and_agree_with_the_binaries() {
                 "{variant}: accept_grace {accept} s is under two readiness periods ({period} s)"
             );
         }
-        let mounts = container["volumeMounts"].as_array().unwrap();
         assert!(
             mounts
                 .iter()
@@ -604,4 +779,89 @@ fn kubernetes_manifests_validate_and_agree_with_the_binaries() {
     assert_eq!(args[0], "run");
     assert_flags_exist(&args, &loadgen_help, "loadgen Job");
     assert!(args.iter().any(|a| a == "--start-at"));
+    assert_eq!(
+        env_secret(
+            &job["spec"]["template"]["spec"]["containers"][0],
+            "LOADGEN_API_KEY"
+        ),
+        Some(QDRANT_API_KEY_SECRET),
+        "loadgen Job without Qdrant's API key"
+    );
+}
+
+/// The Secret and key that hold Qdrant's API key on Kubernetes.
+const QDRANT_API_KEY_SECRET: (&str, &str) = ("qdrant-api-key", "api-key");
+
+/// The Secret and key that `container`'s environment variable `name` comes from.
+fn env_secret<'a>(container: &'a Value, name: &str) -> Option<(&'a str, &'a str)> {
+    let var = container["env"]
+        .as_array()?
+        .iter()
+        .find(|e| e["name"] == name)?;
+    let r = &var["valueFrom"]["secretKeyRef"];
+    Some((r["name"].as_str()?, r["key"].as_str()?))
+}
+
+/// The systemd deployment on one host: Qdrant (through the shipped drop-in) listens in
+/// plaintext on loopback only, on exactly the ports the example configuration forwards
+/// to, with an API key from a root-only environment file; the proxy's unit checks that
+/// configuration before it runs it.
+#[test]
+fn systemd_keeps_qdrant_on_loopback_behind_a_key() {
+    let unit_settings = |path: &str| -> Vec<(String, String)> {
+        std::fs::read_to_string(repo().join(path))
+            .unwrap()
+            .lines()
+            .filter(|l| !l.starts_with('#') && !l.starts_with('['))
+            .filter_map(|l| l.split_once('='))
+            .map(|(k, v)| (k.trim().to_owned(), v.trim().to_owned()))
+            .collect()
+    };
+    let drop_in = unit_settings("deploy/systemd/qdrant.service.d/vector-tls-proxy.conf");
+    let env: Vec<(&str, &str)> = drop_in
+        .iter()
+        .filter(|(k, _)| k == "Environment")
+        .filter_map(|(_, v)| v.split_once('='))
+        .collect();
+    let get = |name: &str| {
+        env.iter()
+            .find(|(k, _)| *k == name)
+            .map(|(_, v)| *v)
+            .unwrap_or_else(|| panic!("the drop-in sets no {name}"))
+    };
+    assert_eq!(get("QDRANT__SERVICE__HOST"), "127.0.0.1");
+    assert!(
+        drop_in
+            .iter()
+            .any(|(k, v)| k == "EnvironmentFile" && v == "/etc/qdrant/api-key.env"),
+        "the drop-in gives Qdrant no API key: {drop_in:?}"
+    );
+    let config_text = std::fs::read_to_string(repo().join("config/proxy.toml")).unwrap();
+    let config: toml::Value = toml::from_str(&config_text).unwrap();
+    let upstreams: Vec<&str> = config["listener"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l["upstream"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        upstreams,
+        [
+            format!("http://127.0.0.1:{}", get("QDRANT__SERVICE__HTTP_PORT")),
+            format!("http://127.0.0.1:{}", get("QDRANT__SERVICE__GRPC_PORT")),
+        ],
+        "config/proxy.toml forwards where the drop-in puts Qdrant"
+    );
+    assert_config_checks(&config_text, "config/proxy.toml");
+    let unit = unit_settings("deploy/systemd/vector-tls-proxy.service");
+    let exec = |key: &str| {
+        unit.iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v.clone())
+            .unwrap_or_else(|| panic!("the unit has no {key}"))
+    };
+    let config_path = "/etc/vector-tls-proxy/proxy.toml";
+    assert!(exec("ExecStartPre").ends_with(&format!("check-config {config_path}")));
+    assert!(exec("ExecStart").ends_with(&format!("run --config {config_path}")));
+    assert!(exec("After").contains("qdrant.service"));
 }

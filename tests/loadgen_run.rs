@@ -805,4 +805,23 @@ fn api_keys_reach_qdrant_through_the_proxy_and_stay_out_of_the_result() {
     ]));
     let run = run_loadgen(&bearer_run, None);
     assert!(run.status.success(), "{}", run.stderr);
+    // The key from a file (a mounted Secret, compose's generated key), with the newline
+    // such files end in; the path is recorded, the key is not.
+    let key_file = dir.join("api-key");
+    std::fs::write(&key_file, format!("{KEY}\n")).unwrap();
+    let out = dir.join("from-file.json");
+    let mut file_run = base_args(&target, "keyed");
+    file_run.extend(args(&[
+        "--requests",
+        "2",
+        "--api-key-file",
+        key_file.to_str().unwrap(),
+    ]));
+    let run = run_loadgen(&file_run, Some(&out));
+    assert!(run.status.success(), "{}", run.stderr);
+    assert!(!std::fs::read_to_string(&out).unwrap().contains(KEY));
+    assert_eq!(
+        run.result.expect("result")["config"]["api_key_file"],
+        key_file.to_str().unwrap()
+    );
 }

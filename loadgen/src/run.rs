@@ -189,6 +189,11 @@ pub struct RunArgs {
     #[arg(long, env = "LOADGEN_API_KEY", hide_env_values = true)]
     #[serde(serialize_with = "redact_secret")]
     pub api_key: Option<String>,
+    /// The API key read from this file (trailing whitespace trimmed): a mounted Secret,
+    /// a systemd credential, compose's generated key. The path is recorded, the key not.
+    #[arg(long, env = "LOADGEN_API_KEY_FILE", conflicts_with = "api_key")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub api_key_file: Option<PathBuf>,
     /// A further header on every request (gRPC metadata too), `name: value`, repeatable,
     /// e.g. `--header 'authorization: Bearer <jwt>'`. Recorded by name only.
     #[arg(long = "header", value_name = "NAME: VALUE")]
@@ -345,9 +350,6 @@ pub(crate) fn serialize_opt_duration<S: serde::Serializer>(
 }
 
 impl RunArgs {
-    /// Every check that needs neither the network nor the target: run before anything is
-    /// changed (the collection recreated, vectors embedded), and by `compare` for every
-    /// cell's flags before the first cell starts.
     /// The headers every request carries besides the protocol's own: `--header` values
     /// and the API key.
     pub fn request_headers(&self) -> Result<http::HeaderMap> {
@@ -363,18 +365,35 @@ impl RunArgs {
             value.set_sensitive(true);
             map.append(name, value);
         }
-        if let Some(key) = &self.api_key {
+        let from_file = match &self.api_key_file {
+            Some(path) => Some(
+                std::fs::read_to_string(path)
+                    .map_err(|e| anyhow!("--api-key-file {}: {e}", path.display()))?
+                    .trim_end()
+                    .to_owned(),
+            ),
+            None => None,
+        };
+        let flag = if from_file.is_some() {
+            "--api-key-file"
+        } else {
+            "--api-key"
+        };
+        if let Some(key) = from_file.as_ref().or(self.api_key.as_ref()) {
             if key.is_empty() {
-                bail!("--api-key: the key is empty");
+                bail!("{flag}: the key is empty");
             }
             let mut value = http::HeaderValue::from_str(key)
-                .map_err(|e| anyhow!("--api-key: not a valid header value: {e}"))?;
+                .map_err(|e| anyhow!("{flag}: not a valid header value: {e}"))?;
             value.set_sensitive(true);
             map.insert("api-key", value);
         }
         Ok(map)
     }
 
+    /// Every check that needs neither the network nor the target: run before anything is
+    /// changed (the collection recreated, vectors embedded), and by `compare` for every
+    /// cell's flags before the first cell starts.
     pub fn check(&self) -> Result<()> {
         self.request_headers()?;
         let target = Target::parse(&self.target)?;

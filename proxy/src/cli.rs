@@ -12,7 +12,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::{
     Balance, Config, ConfigError, HandshakeOffload, HealthCheckConfig, HealthCheckKind,
-    ListenerConfig, ListenerMode, TlsPolicy, TlsVersion, UpstreamProtocol,
+    ListenerConfig, ListenerMode, ProxyProtocolConfig, TlsPolicy, TlsVersion, UpstreamProtocol,
+    UpstreamTlsConfig,
 };
 use crate::crypto::{generate_cert_set_valid_for, CertAlgorithmName, KxGroupName, ProviderName};
 use crate::plan::Plan;
@@ -82,6 +83,18 @@ pub struct Overrides {
     /// How requests reach the upstream in http mode.
     #[arg(long, value_enum)]
     upstream_protocol: Option<UpstreamProtocol>,
+    /// CA certificates (PEM) that `https://` upstream nodes must chain to (default: the
+    /// system's trust store).
+    #[arg(long, value_name = "FILE")]
+    upstream_ca: Option<PathBuf>,
+    /// The name verified in `https://` upstream nodes' certificates and sent as SNI
+    /// (default: each node's host).
+    #[arg(long, value_name = "NAME")]
+    upstream_server_name: Option<String>,
+    /// Expect a PROXY protocol header (v1 or v2) from this load balancer's address or CIDR
+    /// block (repeatable); connections from anywhere else are refused.
+    #[arg(long, value_name = "CIDR")]
+    proxy_protocol_from: Vec<String>,
     /// http (L7) or tcp (decrypt and splice).
     #[arg(long, value_enum)]
     mode: Option<ListenerMode>,
@@ -392,6 +405,9 @@ fn apply_listener_flags(cfg: &mut Config, o: &Overrides) -> Result<(), ConfigErr
         || o.cert.is_some()
         || o.key.is_some()
         || o.upstream_protocol.is_some()
+        || o.upstream_ca.is_some()
+        || !o.proxy_protocol_from.is_empty()
+        || o.upstream_server_name.is_some()
         || o.mode.is_some()
         || o.tls_min.is_some()
         || o.tls_max.is_some()
@@ -431,6 +447,8 @@ fn apply_listener_flags(cfg: &mut Config, o: &Overrides) -> Result<(), ConfigErr
                 health_check: HealthCheckConfig::default(),
                 mode: ListenerMode::default(),
                 upstream_protocol: UpstreamProtocol::default(),
+                upstream_tls: UpstreamTlsConfig::default(),
+                proxy_protocol: None,
                 provider: None,
                 tls: TlsPolicy::default(),
                 security_headers: true,
@@ -472,6 +490,17 @@ fn apply_listener_flags(cfg: &mut Config, o: &Overrides) -> Result<(), ConfigErr
     }
     if let Some(v) = o.upstream_protocol {
         l.upstream_protocol = v;
+    }
+    if !o.proxy_protocol_from.is_empty() {
+        l.proxy_protocol = Some(ProxyProtocolConfig {
+            trusted: o.proxy_protocol_from.clone(),
+        });
+    }
+    if let Some(v) = &o.upstream_ca {
+        l.upstream_tls.ca = Some(v.clone());
+    }
+    if let Some(v) = &o.upstream_server_name {
+        l.upstream_tls.server_name = Some(v.clone());
     }
     if let Some(v) = o.mode {
         l.mode = v;

@@ -426,7 +426,10 @@ pub enum UpstreamProtocol {
     Auto,
     /// Every request over HTTP/1.1.
     Http1,
-    /// Every request over HTTP/2 cleartext with prior knowledge.
+    /// Every request over HTTP/2: cleartext with prior knowledge to `http://` nodes, h2
+    /// negotiated by ALPN to `https://` ones (`h2` is the same setting).
+    #[serde(alias = "h2")]
+    #[value(alias = "h2")]
     H2c,
 }
 
@@ -669,6 +672,47 @@ fn default_true() -> bool {
     true
 }
 
+/// TLS from the proxy to its `https://` upstream nodes: a Qdrant with
+/// `service.enable_tls`, or one on another node or in another cluster, so the hop is
+/// encrypted end to end. Made with aws-lc-rs whatever the listener's provider (it is the
+/// client side: verification only, no private-key operation to offload), TLS 1.3 and
+/// 1.2, the production key-exchange groups, ALPN `h2` or `http/1.1` by
+/// `upstream_protocol`, and session resumption (pooled connections are rarely new).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UpstreamTlsConfig {
+    /// CA certificates (PEM) that the nodes' certificates must chain to. Unset: the
+    /// system's trust store (a public CA, e.g. Qdrant Cloud).
+    #[serde(default)]
+    pub ca: Option<PathBuf>,
+    /// Certificate chain presented to nodes that ask for one (mTLS), with `key`.
+    #[serde(default)]
+    pub cert: Option<PathBuf>,
+    /// The private key of `cert`.
+    #[serde(default)]
+    pub key: Option<PathBuf>,
+    /// The name sent as SNI and verified in every node's certificate. Unset: each node's
+    /// host from its URL (a name, or an IP address matched against IP SANs).
+    #[serde(default)]
+    pub server_name: Option<String>,
+}
+
+/// The PROXY protocol on a listener behind an L4 load balancer (see `proxy_protocol.rs`).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProxyProtocolConfig {
+    /// The balancers' addresses or CIDR blocks: they must send a v1 or v2 header, and
+    /// nobody else may connect (a header from anybody could claim any client address).
+    pub trusted: Vec<String>,
+}
+
+impl UpstreamTlsConfig {
+    /// Nothing set: no upstream TLS settings (they apply only to `https://` nodes).
+    pub fn is_unset(&self) -> bool {
+        *self == Self::default()
+    }
+}
+
 /// One client-facing listener.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -686,8 +730,9 @@ pub struct ListenerConfig {
     /// `cert` and `key` are the default, for other names and for clients that send none.
     #[serde(default)]
     pub sni: Vec<SniCertificate>,
-    /// Upstream nodes: `http://127.0.0.1:6333` (or `tcp://host:port` in tcp mode), one URL
-    /// or a list of them (any node of a Qdrant cluster accepts any request).
+    /// Upstream nodes: `http://127.0.0.1:6333`, `https://qdrant-0.qdrant:6333` (verified
+    /// as `upstream_tls` says), or `tcp://host:port` in tcp mode; one URL or a list of them
+    /// (any node of a Qdrant cluster accepts any request).
     #[serde(deserialize_with = "one_or_many")]
     pub upstream: Vec<String>,
     /// How a request (a connection in tcp mode) picks its node among several.
@@ -702,6 +747,14 @@ pub struct ListenerConfig {
     /// Upstream protocol in http mode.
     #[serde(default)]
     pub upstream_protocol: UpstreamProtocol,
+    /// How `https://` upstream nodes are verified, and the certificate presented to them.
+    #[serde(default, skip_serializing_if = "UpstreamTlsConfig::is_unset")]
+    pub upstream_tls: UpstreamTlsConfig,
+    /// Read a PROXY protocol header (v1 or v2) before the handshake, from these sources
+    /// only: the client address it names stands for the peer in logs, X-Forwarded-For and
+    /// the access log.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub proxy_protocol: Option<ProxyProtocolConfig>,
     /// Overrides the top-level provider for this listener.
     #[serde(default)]
     pub provider: Option<ProviderName>,

@@ -24,6 +24,7 @@ pub mod io;
 pub mod listener;
 pub mod metrics;
 pub mod plan;
+pub mod proxy_protocol;
 pub mod ratelog;
 pub mod server;
 pub mod switch;

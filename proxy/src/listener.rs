@@ -19,6 +19,7 @@ use crate::io::{Activity, CountingIo, Quiet, QuietLimits};
 use crate::metrics::ListenerMetrics;
 use crate::switch::SwitchableListener;
 use crate::tls::{self, Offload};
+use crate::trust::TrustedProxies;
 use crate::upstream::UpstreamPool;
 
 /// Pending connections the kernel queues per listener. A new-connection-per-request
@@ -46,6 +47,8 @@ pub(crate) struct ListenerCtx {
     pub upstreams: Arc<UpstreamPool>,
     /// The active checks of `upstreams` (resolved: never `Auto`) and their settings.
     pub health_check: (HealthCheckKind, HealthCheckConfig),
+    /// Where a PROXY protocol header is read from (`None`: the listener takes none).
+    pub proxy_protocol: Option<TrustedProxies>,
 }
 
 /// What a listener does with a decrypted stream.
@@ -135,8 +138,8 @@ impl Drop for ActiveGuard {
 
 async fn handle_connection(
     ctx: Arc<ListenerCtx>,
-    stream: TcpStream,
-    peer: SocketAddr,
+    mut stream: TcpStream,
+    mut peer: SocketAddr,
     _permit: OwnedSemaphorePermit,
     shutdown: CancellationToken,
 ) {
@@ -152,8 +155,36 @@ async fn handle_connection(
         matches!(ctx.mode, Mode::Tcp),
         ctx.limits.h2_max_reset_streams,
     );
-    let io = CountingIo::new(stream, m.received.clone(), m.sent.clone(), activity.clone());
     let started = Instant::now();
+    // The PROXY header and the handshake share one deadline: a balancer's header comes
+    // with the client's first bytes.
+    let deadline = tokio::time::Instant::now() + ctx.limits.handshake_timeout;
+    if let Some(trusted) = &ctx.proxy_protocol {
+        let header = tokio::time::timeout_at(
+            deadline,
+            crate::proxy_protocol::read_header(&mut stream, peer, trusted),
+        )
+        .await;
+        match header {
+            Ok(Ok(client)) => peer = client,
+            Ok(Err(e)) => {
+                m.connection_error(e.label());
+                crate::peer_warn!(listener = %ctx.tls.labels.name, %peer, error = %e, "connection refused");
+                return;
+            }
+            Err(_) => {
+                m.connection_error("handshake_timeout");
+                crate::peer_warn!(
+                    listener = %ctx.tls.labels.name,
+                    %peer,
+                    timeout = ?ctx.limits.handshake_timeout,
+                    "PROXY protocol header timed out"
+                );
+                return;
+            }
+        }
+    }
+    let io = CountingIo::new(stream, m.received.clone(), m.sent.clone(), activity.clone());
 
     // Read once: a switch while this handshake runs does not affect it.
     let current = ctx.tls.current();
@@ -162,8 +193,8 @@ async fn handle_connection(
     // The handshake's and the forwarding's state machines are boxed, so the task itself
     // (allocated for every connection at accept) holds only what an idle connection needs:
     // inline, they made it 11 KiB, most of an idle connection's memory.
-    let handshake = tokio::time::timeout(
-        ctx.limits.handshake_timeout,
+    let handshake = tokio::time::timeout_at(
+        deadline,
         Box::pin(tls::accept(
             io,
             |server_name| current.config_for(server_name),

@@ -17,7 +17,8 @@ use std::time::Duration;
 use crate::access_log::AccessLogConfig;
 use crate::config::{
     server_name_problem, Balance, Config, ConfigError, HandshakeOffload, HealthCheckConfig,
-    HealthCheckKind, Limits, ListenerMode, TlsPolicy, UpstreamProtocol, MAX_UPSTREAM_NODES,
+    HealthCheckKind, Limits, ListenerMode, TlsPolicy, UpstreamProtocol, UpstreamTlsConfig,
+    MAX_UPSTREAM_NODES,
 };
 use crate::crypto::qat::{Fallback, QatConfig};
 use crate::crypto::ProviderName;
@@ -81,6 +82,11 @@ pub struct ListenerPlan {
     pub health_check: (HealthCheckKind, HealthCheckConfig),
     /// The upstream protocol in http mode.
     pub upstream_protocol: UpstreamProtocol,
+    /// How `https://` nodes are verified and what is presented to them; `Some` exactly
+    /// when some node is `https://`.
+    pub upstream_tls: Option<UpstreamTlsConfig>,
+    /// The sources a PROXY protocol header is read from; `None`: no header.
+    pub proxy_protocol: Option<TrustedProxies>,
     /// Whether HSTS and nosniff are added to responses.
     pub security_headers: bool,
     /// What it handshakes with.
@@ -312,6 +318,51 @@ fn limits_problems(l: &Limits, problems: &mut Vec<String>) {
     }
 }
 
+/// A listener's `upstream_tls`, checked: `Some` when some node is `https://`. Settings
+/// without such a node are refused rather than ignored: an operator who wrote them believes
+/// the hop is encrypted.
+fn upstream_tls_plan(
+    lc: &crate::config::ListenerConfig,
+    nodes: &[UpstreamAddr],
+    field: &dyn Fn(&str) -> String,
+    problems: &mut Vec<String>,
+) -> Option<UpstreamTlsConfig> {
+    let t = &lc.upstream_tls;
+    if !nodes.iter().any(|n| n.tls) {
+        if !t.is_unset() {
+            problems.push(format!(
+                "{}: set, but no upstream node is https://: the nodes are reached in plaintext",
+                field("upstream_tls")
+            ));
+        }
+        return None;
+    }
+    for (f, path) in [("ca", &t.ca), ("cert", &t.cert), ("key", &t.key)] {
+        if let Some(path) = path.as_ref().filter(|p| !p.is_file()) {
+            problems.push(format!(
+                "{}: file not found: {}",
+                field(&format!("upstream_tls.{f}")),
+                path.display()
+            ));
+        }
+    }
+    if t.cert.is_some() != t.key.is_some() {
+        problems.push(format!(
+            "{}: cert and key go together: give both or neither",
+            field("upstream_tls")
+        ));
+    }
+    if let Some(name) = &t.server_name {
+        if rustls_pki_types::ServerName::try_from(name.as_str()).is_err() {
+            problems.push(format!(
+                "{}: {name:?} is not a DNS name or an IP address",
+                field("upstream_tls.server_name")
+            ));
+        }
+    }
+    Some(t.clone())
+}
+
 /// Listener `i`, checked; `None` when it has a problem (each pushed to `problems`).
 fn listener_plan(
     config: &Config,
@@ -442,6 +493,19 @@ fn listener_plan(
             field("tls.kx_groups")
         ));
     }
+    let upstream_tls = upstream_tls_plan(lc, &nodes, &field, problems);
+    let proxy_protocol = lc.proxy_protocol.as_ref().and_then(|pp| {
+        if pp.trusted.is_empty() {
+            problems.push(format!(
+                "{}: empty: name the load balancers' addresses or CIDR blocks",
+                field("proxy_protocol.trusted")
+            ));
+            return None;
+        }
+        TrustedProxies::parse(&pp.trusted)
+            .map_err(|e| problems.push(format!("{}: {e}", field("proxy_protocol"))))
+            .ok()
+    });
     if lc.mode == ListenerMode::Tcp && lc.upstream_protocol != UpstreamProtocol::Auto {
         problems.push(format!(
             "{}: only meaningful in http mode (this listener is tcp)",
@@ -460,6 +524,8 @@ fn listener_plan(
         balance: lc.balance,
         health_check: (health_kind, hc.clone()),
         upstream_protocol: lc.upstream_protocol,
+        upstream_tls,
+        proxy_protocol,
         security_headers: lc.security_headers,
         tls: TlsPlan {
             provider: asked_provider(config, lc),
@@ -531,7 +597,7 @@ mod tests {
             listen = "127.0.0.1:1"
             cert = "c"
             key = "k"
-            upstream = ["http://n1:6334", "http://n2:6334", "n1:6334", "https://n3:6334"]
+            upstream = ["http://n1:6334", "http://n2:6334", "n1:6334", "ftp://n3:6334"]
             upstream_protocol = "h2c"
             balance = "round-robin"
             [listener.health_check]
@@ -542,7 +608,7 @@ mod tests {
         .unwrap_err()
         .to_string();
         assert!(all.contains("n1:6334 is listed twice"), "{all}");
-        assert!(all.contains("https://n3:6334"), "{all}");
+        assert!(all.contains("ftp://n3:6334"), "{all}");
         assert!(all.contains("unhealthy_threshold"), "{all}");
     }
 

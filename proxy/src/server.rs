@@ -26,7 +26,7 @@ use crate::switch::{
     build_listener_tls, ListenerLabels, SwitchableListener, TlsBuildError, TlsSwitch,
 };
 use crate::tls::{self, HandshakePool, Offload};
-use crate::upstream::UpstreamPool;
+use crate::upstream::{UpstreamPool, UpstreamTlsPair};
 
 /// Why the proxy could not start; each names the listener, file, address or setting.
 #[derive(Debug, thiserror::Error)]
@@ -40,6 +40,16 @@ pub enum StartupError {
         index: usize,
         /// What failed (boxed: start-up's other errors are small).
         source: Box<TlsBuildError>,
+    },
+    /// A listener's `upstream_tls`: its CA, client certificate or key.
+    #[error("listener {name:?} (listener[{index}]): upstream_tls: {source}")]
+    UpstreamTls {
+        /// The listener's name.
+        name: String,
+        /// Its position in the configuration.
+        index: usize,
+        /// What failed.
+        source: CryptoError,
     },
     /// A socket could not be bound.
     #[error("{what}: cannot listen on {addr}: {source}")]
@@ -310,10 +320,21 @@ fn start_listener(
         source,
     })?;
     let lm = built.tls.metrics.clone();
+    let upstream_tls = lp
+        .upstream_tls
+        .as_ref()
+        .map(UpstreamTlsPair::new)
+        .transpose()
+        .map_err(|source| StartupError::UpstreamTls {
+            name: name.clone(),
+            index: lp.index,
+            source,
+        })?;
     let upstreams = Arc::new(UpstreamPool::new(
         lp.nodes.clone(),
         lp.balance,
         &lp.health_check.1,
+        upstream_tls,
         &lm,
     ));
     let mode = match lp.mode {
@@ -334,6 +355,8 @@ fn start_listener(
         listener = %name,
         listen = %socket.local_addr().map_or(lp.listen, |a| a),
         upstream = %upstreams.describe(),
+        proxy_protocol = lp.proxy_protocol.is_some(),
+        upstream_tls = lp.upstream_tls.as_ref().map_or("off", |t| if t.ca.is_some() { "ca file" } else { "system roots" }),
         balance = ?lp.balance,
         health_check = ?lp.health_check.0,
         mode = lp.mode_label(),
@@ -360,6 +383,7 @@ fn start_listener(
         mode,
         upstreams,
         health_check: lp.health_check.clone(),
+        proxy_protocol: lp.proxy_protocol.clone(),
     };
     Ok((socket, Arc::new(ctx)))
 }

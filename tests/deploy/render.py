@@ -8,10 +8,8 @@ kubernetes-validate).
   render.py validate VERSION DIR...  renders each DIR and validates every resource against
                                 the Kubernetes schemas of VERSION (kubernetes-validate)
 
-The kustomize part implements only what deploy/kubernetes uses: `resources` (files and
-kustomization folders), `namespace`, and `patches` by path as strategic merges (maps merge,
-lists of named items merge by name, other lists are replaced). A file using anything else
-is refused, so the render never silently differs from kustomize's.
+The kustomize part is real kustomize: `kubectl kustomize` (the version kubectl bundles),
+so generators, name hashes and patches render exactly as `kubectl apply -k` applies them.
 """
 import json
 import os
@@ -20,63 +18,17 @@ import sys
 
 import yaml
 
-KNOWN_KEYS = {"apiVersion", "kind", "namespace", "resources", "patches"}
-CLUSTER_SCOPED = {"Namespace", "ClusterRole", "ClusterRoleBinding", "PersistentVolume",
-                  "StorageClass", "CustomResourceDefinition"}
-
-
-def load_docs(path):
-    with open(path) as f:
-        return [d for d in yaml.safe_load_all(f) if d]
-
-
-def merge(base, patch):
-    if isinstance(base, dict) and isinstance(patch, dict):
-        out = dict(base)
-        for k, v in patch.items():
-            out[k] = merge(base[k], v) if k in base else v
-        return out
-    if (isinstance(base, list) and isinstance(patch, list) and patch
-            and all(isinstance(x, dict) and "name" in x for x in base + patch)):
-        out = list(base)
-        for item in patch:
-            for i, existing in enumerate(out):
-                if existing["name"] == item["name"]:
-                    out[i] = merge(existing, item)
-                    break
-            else:
-                out.append(item)
-        return out
-    return patch
-
 
 def kustomize(directory):
-    k = load_docs(os.path.join(directory, "kustomization.yaml"))[0]
-    unknown = set(k) - KNOWN_KEYS
-    if unknown:
-        sys.exit(f"{directory}: kustomization keys this renderer does not implement: {sorted(unknown)}")
-    resources = []
-    for r in k.get("resources", []):
-        path = os.path.normpath(os.path.join(directory, r))
-        if os.path.isdir(path):
-            resources.extend(kustomize(path))
-        else:
-            resources.extend(load_docs(path))
-    for p in k.get("patches", []):
-        if set(p) != {"path"}:
-            sys.exit(f"{directory}: only `patches: - path:` is implemented")
-        for patch in load_docs(os.path.join(directory, p["path"])):
-            key = (patch["kind"], patch["metadata"]["name"])
-            targets = [i for i, r in enumerate(resources)
-                       if (r["kind"], r["metadata"]["name"]) == key]
-            if len(targets) != 1:
-                sys.exit(f"{directory}: patch {key} matches {len(targets)} resources")
-            resources[targets[0]] = merge(resources[targets[0]], patch)
-    if "namespace" in k:
-        for r in resources:
-            if r["kind"] not in CLUSTER_SCOPED:
-                r.setdefault("metadata", {})["namespace"] = k["namespace"]
-    return resources
+    try:
+        out = subprocess.run(["kubectl", "kustomize", directory],
+                             check=True, capture_output=True, text=True).stdout
+    except FileNotFoundError:
+        sys.exit("kubectl not found: the deployment tests render with real kustomize "
+                 "(`kubectl kustomize`); install kubectl")
+    except subprocess.CalledProcessError as e:
+        sys.exit(f"kubectl kustomize {directory}: {e.stderr}")
+    return [d for d in yaml.safe_load_all(out) if d]
 
 
 def main():

@@ -114,13 +114,19 @@ impl HttpForwarder {
         let mut connector = HttpConnector::new();
         connector.set_nodelay(true);
         connector.set_connect_timeout(Some(limits.upstream_connect_timeout));
+        let tls = pool.tls();
+        let handshake_timeout = limits.upstream_connect_timeout;
         // The write queues are part of the request buffer budget (see `budget`).
         let http1 = Client::builder(TokioExecutor::new())
             .pool_idle_timeout(UPSTREAM_POOL_IDLE_TIMEOUT)
             .pool_max_idle_per_host(UPSTREAM_POOL_MAX_IDLE)
             .pool_timer(TokioTimer::new())
             .http1_max_buf_size(crate::config::UPSTREAM_WRITE_BUFFER)
-            .build(UpstreamConnector::http1(connector.clone()));
+            .build(UpstreamConnector::http1(
+                connector.clone(),
+                tls.map(|t| t.http1.clone()),
+                handshake_timeout,
+            ));
         let h2c = Client::builder(TokioExecutor::new())
             .http2_only(true)
             .http2_initial_stream_window_size(H2_STREAM_WINDOW)
@@ -129,7 +135,11 @@ impl HttpForwarder {
             .pool_idle_timeout(UPSTREAM_POOL_IDLE_TIMEOUT)
             .pool_timer(TokioTimer::new())
             .timer(TokioTimer::new())
-            .build(UpstreamConnector::h2c(connector));
+            .build(UpstreamConnector::h2(
+                connector,
+                tls.map(|t| t.h2.clone()),
+                handshake_timeout,
+            ));
         let quiet = QuietLimits {
             // A connection that never sent a request is idle too: it gets no longer than one
             // that has (a short --idle-timeout alone must close silent connections).
@@ -482,7 +492,7 @@ impl HttpForwarder {
             }
             let bytes_in = log.as_deref().map(PendingRecord::bytes_in);
             let uri = match Uri::builder()
-                .scheme("http")
+                .scheme(lease.addr().scheme())
                 .authority(lease.addr().authority.clone())
                 .path_and_query(path_and_query.clone())
                 .build()

@@ -266,7 +266,7 @@ impl Metrics {
         let connection_errors = IntCounterVec::new(
             Opts::new(
                 "proxy_connection_errors_total",
-                "Client connections that ended in error, by kind (handshake, handshake_timeout, http, upstream_connect, io).",
+                "Client connections that ended in error, by kind (handshake, handshake_timeout, http, upstream_connect, io, proxy_protocol_untrusted, proxy_protocol_malformed, proxy_protocol_eof).",
             ),
             &["listener", "kind"],
         )

@@ -1,4 +1,5 @@
-//! Upstream connections, and the write coalescing of h2c ones.
+//! Upstream connections (plaintext, or TLS to `https://` nodes), and the write coalescing
+//! of HTTP/2 ones.
 //!
 //! h2 writes one DATA frame per write call and flushes after each (its encoder holds one
 //! frame's payload at a time), and an upstream that advertises 16 KiB frames (Qdrant's, and
@@ -23,35 +24,59 @@
 use std::future::Future;
 use std::io;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{ready, Context, Poll};
+use std::time::Duration;
 
 use http::Uri;
 use hyper::rt::{Read, ReadBufCursor, Write};
 use hyper_util::client::legacy::connect::{Connected, Connection, HttpConnector};
 use hyper_util::rt::TokioIo;
-use tokio::net::TcpStream;
+
+use super::tls::{UpstreamStream, UpstreamTls};
 
 /// The most an h2c connection gathers before writing: 8 of the 16 KiB frames an upstream
 /// usually allows. One such buffer per h2c upstream connection (one per node: h2c
 /// multiplexes every request over it), so it is outside the request buffer budget.
 const COALESCE_MAX: usize = 128 * 1024;
 
-/// Connects to upstream nodes; h2c connections coalesce their writes (module docs).
+/// Connects to upstream nodes, over TLS to `https://` ones; h2 connections coalesce their
+/// writes (module docs).
 #[derive(Clone)]
 pub struct UpstreamConnector {
     tcp: HttpConnector,
     gather: bool,
+    tls: Option<Arc<UpstreamTls>>,
+    /// Bounds the TLS handshake as the TCP connect is bounded (a node that accepts and
+    /// then says nothing must not hold a request until its response timeout).
+    handshake_timeout: Duration,
 }
 
 impl UpstreamConnector {
     /// For HTTP/1.1 upstreams: the socket is used as it is.
-    pub fn http1(tcp: HttpConnector) -> Self {
-        Self { tcp, gather: false }
+    pub fn http1(tcp: HttpConnector, tls: Option<UpstreamTls>, timeout: Duration) -> Self {
+        Self::new(tcp, false, tls, timeout)
     }
 
-    /// For h2c upstreams: writes are gathered.
-    pub fn h2c(tcp: HttpConnector) -> Self {
-        Self { tcp, gather: true }
+    /// For HTTP/2 upstreams (h2c, or h2 over TLS): writes are gathered.
+    pub fn h2(tcp: HttpConnector, tls: Option<UpstreamTls>, timeout: Duration) -> Self {
+        Self::new(tcp, true, tls, timeout)
+    }
+
+    fn new(
+        mut tcp: HttpConnector,
+        gather: bool,
+        tls: Option<UpstreamTls>,
+        handshake_timeout: Duration,
+    ) -> Self {
+        // `https://` URIs reach `call`; TLS is this connector's, not HttpConnector's.
+        tcp.enforce_http(false);
+        Self {
+            tcp,
+            gather,
+            tls: tls.map(Arc::new),
+            handshake_timeout,
+        }
     }
 }
 
@@ -68,19 +93,44 @@ impl tower_service::Service<Uri> for UpstreamConnector {
     }
 
     fn call(&mut self, dst: Uri) -> Self::Future {
-        let connecting = self.tcp.call(dst);
         let gather = self.gather;
+        let tls = match (dst.scheme() == Some(&http::uri::Scheme::HTTPS), &self.tls) {
+            (false, _) => None,
+            (true, Some(tls)) => Some((
+                tls.clone(),
+                dst.host().unwrap_or_default().to_owned(),
+                self.handshake_timeout,
+            )),
+            (true, None) => {
+                return Box::pin(async { Err("an https:// node without upstream TLS".into()) })
+            }
+        };
+        let connecting = self.tcp.call(dst);
         // One allocation per upstream connection; connections are pooled.
         Box::pin(async move {
-            let io = connecting.await?;
-            Ok(UpstreamIo::new(io, gather))
+            let tcp = connecting.await?.into_inner();
+            let stream = match tls {
+                None => UpstreamStream::Plain(tcp),
+                Some((tls, host, timeout)) => {
+                    match tokio::time::timeout(timeout, tls.connect(&host, tcp)).await {
+                        Ok(stream) => stream?,
+                        Err(_) => {
+                            return Err(format!(
+                                "TLS handshake with {host} timed out after {timeout:?}"
+                            )
+                            .into())
+                        }
+                    }
+                }
+            };
+            Ok(UpstreamIo::new(stream, gather))
         })
     }
 }
 
 /// An upstream socket that may gather writes (module docs).
 pub struct UpstreamIo {
-    inner: TokioIo<TcpStream>,
+    inner: TokioIo<UpstreamStream>,
     /// Gathered bytes not yet written, from `written` on.
     buf: Vec<u8>,
     written: usize,
@@ -91,9 +141,9 @@ pub struct UpstreamIo {
 }
 
 impl UpstreamIo {
-    fn new(inner: TokioIo<TcpStream>, gather: bool) -> Self {
+    fn new(stream: UpstreamStream, gather: bool) -> Self {
         Self {
-            inner,
+            inner: TokioIo::new(stream),
             buf: Vec::new(),
             written: 0,
             gather,
@@ -204,7 +254,13 @@ impl Write for UpstreamIo {
 
 impl Connection for UpstreamIo {
     fn connected(&self) -> Connected {
-        self.inner.connected()
+        let stream = self.inner.inner();
+        let connected = stream.tcp().connected();
+        if stream.alpn() == Some(b"h2") {
+            connected.negotiated_h2()
+        } else {
+            connected
+        }
     }
 }
 
@@ -217,7 +273,7 @@ mod tests {
     use std::time::Duration;
 
     use tokio::io::AsyncReadExt;
-    use tokio::net::TcpListener;
+    use tokio::net::{TcpListener, TcpStream};
 
     use super::*;
 
@@ -241,7 +297,7 @@ mod tests {
         let addr = listener.local_addr().unwrap();
         let (ours, theirs) = tokio::join!(TcpStream::connect(addr), listener.accept());
         (
-            UpstreamIo::new(TokioIo::new(ours.unwrap()), gather),
+            UpstreamIo::new(UpstreamStream::Plain(ours.unwrap()), gather),
             theirs.unwrap().0,
         )
     }

@@ -2,7 +2,8 @@
 //! `unhealthy_threshold` failed probes in a row the node takes no requests, after
 //! `healthy_threshold` good ones it takes them again. A good probe also readmits a node
 //! that a failed connect ejected. Probes are what Qdrant answers without an API key:
-//! `GET /readyz` over HTTP/1.1, `grpc.health.v1.Health/Check` over h2c, or a TCP connect.
+//! `GET /readyz` over HTTP/1.1, `grpc.health.v1.Health/Check` over HTTP/2, or a TCP
+//! connect; over TLS to `https://` nodes.
 
 use std::sync::Arc;
 
@@ -16,7 +17,7 @@ use tokio::net::TcpStream;
 use tokio::time::MissedTickBehavior;
 use tokio_util::sync::CancellationToken;
 
-use super::{Node, UpstreamPool};
+use super::{Node, UpstreamConnector, UpstreamPool};
 use crate::config::{HealthCheckConfig, HealthCheckKind};
 use crate::error_chain;
 
@@ -27,7 +28,7 @@ const GRPC_HEALTH_REQUEST: &[u8] = &[0, 0, 0, 0, 0];
 /// `HealthCheckResponse.status` (field 1, varint) = SERVING.
 const GRPC_SERVING: u8 = 1;
 
-type ProbeClient = Client<HttpConnector, Full<Bytes>>;
+type ProbeClient = Client<UpstreamConnector, Full<Bytes>>;
 
 /// Starts one checking task per node of `pool`; they stop with `shutdown`. Nothing is
 /// started for `HealthCheckKind::Off` (or `Auto`, which callers resolve first).
@@ -41,16 +42,22 @@ pub fn spawn(
         HealthCheckKind::Off | HealthCheckKind::Auto => return,
         HealthCheckKind::Connect => Probe::Connect,
         HealthCheckKind::Http | HealthCheckKind::Grpc => {
-            let mut connector = HttpConnector::new();
-            connector.set_nodelay(true);
-            connector.set_connect_timeout(Some(config.timeout));
+            let mut tcp = HttpConnector::new();
+            tcp.set_nodelay(true);
+            tcp.set_connect_timeout(Some(config.timeout));
             let mut builder = Client::builder(TokioExecutor::new());
             builder
                 .pool_timer(TokioTimer::new())
                 .timer(TokioTimer::new());
-            if kind == HealthCheckKind::Grpc {
+            // Probes go the way requests go: over TLS to https:// nodes, so a node whose
+            // certificate stops verifying is taken out like one that stops answering.
+            let tls = pool.tls();
+            let connector = if kind == HealthCheckKind::Grpc {
                 builder.http2_only(true);
-            }
+                UpstreamConnector::h2(tcp, tls.map(|t| t.h2.clone()), config.timeout)
+            } else {
+                UpstreamConnector::http1(tcp, tls.map(|t| t.http1.clone()), config.timeout)
+            };
             let client = builder.build(connector);
             if kind == HealthCheckKind::Grpc {
                 Probe::Grpc(client)
@@ -80,7 +87,8 @@ enum Probe {
 impl Probe {
     /// `Ok` if the node answered as a healthy one does; else what it did instead.
     async fn run(&self, node: &Node) -> Result<(), String> {
-        let authority = &node.addr().authority;
+        let addr = node.addr();
+        let authority = &addr.authority;
         match self {
             Probe::Connect => TcpStream::connect(authority.as_str())
                 .await
@@ -89,7 +97,7 @@ impl Probe {
             Probe::Http(client, path) => {
                 let req = Request::builder()
                     .method(Method::GET)
-                    .uri(uri(authority, path)?)
+                    .uri(uri(addr, path)?)
                     .header(header::HOST, authority.as_str())
                     .body(Full::default())
                     .map_err(|e| e.to_string())?;
@@ -107,7 +115,7 @@ impl Probe {
                 let req = Request::builder()
                     .method(Method::POST)
                     .version(Version::HTTP_2)
-                    .uri(uri(authority, GRPC_HEALTH_CHECK)?)
+                    .uri(uri(addr, GRPC_HEALTH_CHECK)?)
                     .header(
                         header::CONTENT_TYPE,
                         HeaderValue::from_static("application/grpc"),
@@ -146,10 +154,10 @@ impl Probe {
     }
 }
 
-fn uri(authority: &http::uri::Authority, path: &str) -> Result<Uri, String> {
+fn uri(addr: &super::UpstreamAddr, path: &str) -> Result<Uri, String> {
     Uri::builder()
-        .scheme("http")
-        .authority(authority.clone())
+        .scheme(addr.scheme())
+        .authority(addr.authority.clone())
         .path_and_query(path)
         .build()
         .map_err(|e| e.to_string())

@@ -1,6 +1,7 @@
-//! Where a listener forwards to: its upstream nodes, which node takes the next request
-//! (balancing), and which nodes are fit to take one (active health checks in [`health`],
-//! passive ejection on connect failures here).
+//! Where a listener forwards to: its upstream nodes, how they are reached (plaintext or
+//! TLS, `tls.rs`), which node takes the next request (balancing), and which nodes are fit
+//! to take one (active health checks in [`health`], passive ejection on connect failures
+//! here).
 //!
 //! Any node of a Qdrant cluster accepts any request and routes it inside the cluster, so
 //! every request (every connection in tcp mode) is free to go to any node. A node is
@@ -11,6 +12,7 @@
 mod addr;
 mod coalesce;
 pub mod health;
+mod tls;
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -21,6 +23,7 @@ use tokio::time::Instant;
 
 pub use addr::UpstreamAddr;
 pub use coalesce::UpstreamConnector;
+pub use tls::{UpstreamTls, UpstreamTlsPair};
 
 use crate::config::{Balance, HealthCheckConfig};
 use crate::metrics::{ListenerMetrics, NodeMetrics};
@@ -37,6 +40,8 @@ pub struct UpstreamPool {
     ejection_max: Duration,
     retries: IntCounter,
     listener: String,
+    /// How `https://` nodes are reached (`None`: every node is plaintext).
+    tls: Option<UpstreamTlsPair>,
 }
 
 /// One upstream node and what is known of it.
@@ -78,11 +83,13 @@ fn millis_since(epoch: Instant) -> u64 {
 }
 
 impl UpstreamPool {
-    /// A pool of `addrs` (at least one; validated by the config) for `metrics`' listener.
+    /// A pool of `addrs` (at least one; validated by the config) for `metrics`' listener;
+    /// `tls` for its `https://` nodes.
     pub fn new(
         addrs: Vec<UpstreamAddr>,
         balance: Balance,
         health: &HealthCheckConfig,
+        tls: Option<UpstreamTlsPair>,
         metrics: &ListenerMetrics,
     ) -> Self {
         assert!(
@@ -113,7 +120,13 @@ impl UpstreamPool {
             ejection_max: health.ejection_max,
             retries: metrics.upstream_retries.clone(),
             listener: metrics.name().to_owned(),
+            tls,
         }
+    }
+
+    /// How `https://` nodes are reached; `None` when every node is plaintext.
+    pub fn tls(&self) -> Option<&UpstreamTlsPair> {
+        self.tls.as_ref()
     }
 
     /// Every node, in configured order.
@@ -289,7 +302,7 @@ mod tests {
         let addrs = (0..n)
             .map(|i| UpstreamAddr::parse(&format!("127.0.0.1:{}", 1000 + i), false).unwrap())
             .collect();
-        UpstreamPool::new(addrs, balance, &HealthCheckConfig::default(), &lm)
+        UpstreamPool::new(addrs, balance, &HealthCheckConfig::default(), None, &lm)
     }
 
     #[test]

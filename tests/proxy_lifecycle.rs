@@ -76,7 +76,7 @@ fn startup_errors_name_the_problem() {
     std::fs::write(
         &file,
         format!(
-            "[limits]\nmax_connections = 0\n[[listener]]\nlisten = \"nowhere\"\ncert = \"{cert}\"\nkey = \"/nonexistent.key\"\nupstream = \"https://x:1\"\n"
+            "[limits]\nmax_connections = 0\n[[listener]]\nlisten = \"nowhere\"\ncert = \"{cert}\"\nkey = \"/nonexistent.key\"\nupstream = \"ftp://x:1\"\n"
         ),
     )
     .unwrap();

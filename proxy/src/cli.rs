@@ -51,7 +51,7 @@ pub struct RunArgs {
 }
 
 /// Settings that can come from flags as well as from the file.
-#[derive(Debug, Args, Default)]
+#[derive(Clone, Debug, Args, Default)]
 pub struct Overrides {
     /// Listener bind address (e.g. 0.0.0.0:6334).
     #[arg(long, value_name = "ADDR")]
@@ -564,9 +564,15 @@ fn run(args: RunArgs) -> ExitCode {
         Ok(rt) => rt,
         Err(e) => return fail(1, &format!("cannot start the runtime: {e}")),
     };
+    // Reloads read the same file and flags again, and check them as start-up did.
+    let (file, overrides) = (args.config.clone(), args.overrides.clone());
+    let source: crate::server::ConfigSource = std::sync::Arc::new(move || {
+        let config = resolve(file.as_ref(), &overrides).map_err(|e| e.to_string())?;
+        Plan::new(&config).map_err(|e| e.to_string())
+    });
     rt.block_on(async move {
         let proxy = match Proxy::bind(&plan).await {
-            Ok(p) => p,
+            Ok(p) => p.reload_from(source, args.config.clone()),
             Err(e) => return fail(1, &e),
         };
         let (listeners, admin) = proxy.addresses();

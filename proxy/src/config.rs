@@ -619,7 +619,7 @@ impl std::str::FromStr for TlsVersion {
 }
 
 /// Per-listener TLS policy.
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TlsPolicy {
     /// Lowest protocol version accepted.

@@ -26,6 +26,7 @@ pub mod metrics;
 pub mod plan;
 pub mod proxy_protocol;
 pub mod ratelog;
+pub mod reload;
 pub mod server;
 pub mod switch;
 pub mod tcp;

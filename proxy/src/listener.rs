@@ -6,6 +6,7 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
+use arc_swap::ArcSwap;
 use prometheus::IntGauge;
 use tokio::net::{TcpListener, TcpSocket, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
@@ -87,13 +88,17 @@ fn set_connection_options(socket: &impl std::os::fd::AsFd, limits: &Limits) -> s
     socket.set_tcp_keepalive(&keepalive)
 }
 
-/// Accepts until `shutdown`, one task per connection, within the process-wide `limit`.
+/// Accepts until `stop` (the listener removed by a reload, or the drain after SIGTERM),
+/// one task per connection, within the process-wide `limit`. Each connection takes the
+/// listener's context in effect when it was accepted: a reload swaps `ctx` for new
+/// connections while the ones already running keep theirs. Connections drain on `drain`.
 pub(crate) async fn accept_loop(
     listener: TcpListener,
-    ctx: Arc<ListenerCtx>,
+    ctx: Arc<ArcSwap<ListenerCtx>>,
     limit: Arc<Semaphore>,
     tracker: TaskTracker,
-    shutdown: CancellationToken,
+    stop: CancellationToken,
+    drain: CancellationToken,
 ) {
     loop {
         // Take a slot before accepting: at the limit, new connections wait in the kernel's
@@ -103,26 +108,26 @@ pub(crate) async fn accept_loop(
                 Ok(p) => p,
                 Err(_) => return,
             },
-            _ = shutdown.cancelled() => return,
+            _ = stop.cancelled() => return,
         };
         let (stream, peer) = tokio::select! {
             r = listener.accept() => match r {
                 Ok(s) => s,
                 Err(e) => {
                     // EMFILE and friends: back off briefly rather than spin.
-                    tracing::warn!(listener = %ctx.tls.labels.name, error = %e, "accept failed");
+                    tracing::warn!(listener = %ctx.load().tls.labels.name, error = %e, "accept failed");
                     tokio::time::sleep(std::time::Duration::from_millis(20)).await;
                     continue;
                 }
             },
-            _ = shutdown.cancelled() => return,
+            _ = stop.cancelled() => return,
         };
         tracker.spawn(handle_connection(
-            ctx.clone(),
+            ctx.load_full(),
             stream,
             peer,
             permit,
-            shutdown.clone(),
+            drain.clone(),
         ));
     }
 }

@@ -104,7 +104,7 @@ impl ListenerPlan {
 }
 
 /// What a listener's TLS is built from: rebuilt from this on every reload and switch.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TlsPlan {
     /// The provider asked for (the listener's, else the top-level one). What is in effect
     /// may be software OpenSSL when openssl-qat falls back: see `fallback`.

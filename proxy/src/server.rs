@@ -15,13 +15,14 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::admin::{self, AdminGuards, AdminState, AdminToken};
-use crate::config::{Limits, ListenerMode};
+use crate::config::ListenerMode;
 use crate::crypto::qat::{self, Activation, QatConfig, QatError, QatState};
 use crate::crypto::CryptoError;
 use crate::http::{BufferBudget, HttpForwarder, H2_CONNECTION_WINDOW};
-use crate::listener::{accept_loop, bind, ListenerCtx, Mode};
+use crate::listener::{bind, ListenerCtx, Mode};
 use crate::metrics::Metrics;
 use crate::plan::{ListenerPlan, Plan};
+use crate::reload::{Reloader, Serving};
 use crate::switch::{
     build_listener_tls, ListenerLabels, SwitchableListener, TlsBuildError, TlsSwitch,
 };
@@ -83,27 +84,33 @@ pub enum StartupError {
     AdminTls(CryptoError),
 }
 
-/// What every listener of the process shares, made once before the listeners.
-struct Shared {
-    metrics: Metrics,
-    budget: Arc<BufferBudget>,
-    offload: Offload,
-    qat: Option<Arc<QatState>>,
-    access_log: Option<Arc<crate::access_log::AccessLog>>,
+/// What every listener of the process shares, made once at start-up (a reload keeps it:
+/// these settings take effect at the next start).
+pub(crate) struct Shared {
+    pub(crate) metrics: Metrics,
+    pub(crate) budget: Arc<BufferBudget>,
+    pub(crate) offload: Offload,
+    /// The QAT provider, when active for the listeners that asked for it.
+    pub(crate) qat: Option<Arc<QatState>>,
+    pub(crate) access_log: Option<Arc<crate::access_log::AccessLog>>,
 }
+
+/// Where a reload reads the configuration from: the file and flags the process started
+/// with, read, merged and checked again (`cli` makes it).
+pub type ConfigSource = Arc<dyn Fn() -> Result<Plan, String> + Send + Sync>;
 
 /// A bound, ready-to-serve proxy.
 pub struct Proxy {
-    listeners: Vec<(TcpListener, Arc<ListenerCtx>)>,
+    listeners: Vec<(TcpListener, Arc<ListenerCtx>, ListenerPlan)>,
     admin: TcpListener,
     switch: Arc<TlsSwitch>,
     admin_token: Option<AdminToken>,
     admin_guards: AdminGuards,
-    metrics: Metrics,
-    limits: Limits,
+    shared: Shared,
+    plan: Plan,
     pool: Option<HandshakePool>,
-    cert_watch_interval: Duration,
-    access_log: Option<Arc<crate::access_log::AccessLog>>,
+    source: Option<ConfigSource>,
+    config_file: Option<std::path::PathBuf>,
 }
 
 impl Proxy {
@@ -131,7 +138,7 @@ impl Proxy {
         if access_log.is_some() {
             tracing::info!(target = %plan.access_log.target, format = ?plan.access_log.format, sample = plan.access_log.sample, "access log on");
         }
-        let shared = Shared {
+        let mut shared = Shared {
             metrics,
             budget,
             offload,
@@ -145,15 +152,10 @@ impl Proxy {
             // openssl-qat fell back to software for this listener: the provider in effect is
             // not the one asked for.
             qat_offload_active &= ctx.tls.current().provider() == lp.tls.provider;
-            listeners.push((socket, ctx));
+            listeners.push((socket, ctx, lp.clone()));
         }
-        let Shared {
-            metrics,
-            qat,
-            access_log,
-            ..
-        } = shared;
-        let qat = qat.filter(|_| qat_offload_active);
+        shared.qat = shared.qat.take().filter(|_| qat_offload_active);
+        let (metrics, qat) = (shared.metrics.clone(), shared.qat.clone());
         if let Some(qat_config) = &plan.qat {
             match crate::crypto::qat::telemetry::read_all(
                 &qat_config.telemetry_root,
@@ -170,8 +172,11 @@ impl Proxy {
         }
         let (admin, admin_token, admin_guards) = bind_admin(plan)?;
         let switch = Arc::new(TlsSwitch::new(
-            listeners.iter().map(|(_, ctx)| ctx.tls.clone()).collect(),
-            metrics.clone(),
+            listeners
+                .iter()
+                .map(|(_, ctx, _)| ctx.tls.clone())
+                .collect(),
+            metrics,
             qat,
         ));
         Ok(Self {
@@ -180,12 +185,24 @@ impl Proxy {
             switch,
             admin_token,
             admin_guards,
-            metrics,
-            limits: plan.limits.clone(),
+            shared,
+            plan: plan.clone(),
             pool,
-            cert_watch_interval: plan.cert_watch_interval,
-            access_log,
+            source: None,
+            config_file: None,
         })
+    }
+
+    /// Reloads read the configuration from `source` (on SIGHUP, and when `config_file` is
+    /// replaced); without one a reload re-reads certificate files only.
+    pub fn reload_from(
+        mut self,
+        source: ConfigSource,
+        config_file: Option<std::path::PathBuf>,
+    ) -> Self {
+        self.source = Some(source);
+        self.config_file = config_file;
+        self
     }
 
     /// The bound addresses: `(listener name, address)`, then the admin address.
@@ -193,7 +210,7 @@ impl Proxy {
         let listeners = self
             .listeners
             .iter()
-            .filter_map(|(l, ctx)| Some((ctx.tls.labels.name.clone(), l.local_addr().ok()?)))
+            .filter_map(|(l, ctx, _)| Some((ctx.tls.labels.name.clone(), l.local_addr().ok()?)))
             .collect();
         (listeners, self.admin.local_addr().ok())
     }
@@ -207,7 +224,7 @@ impl Proxy {
         tokio::spawn(admin::serve(
             self.admin,
             AdminState {
-                metrics: self.metrics.clone(),
+                metrics: self.shared.metrics.clone(),
                 ready: ready.clone(),
                 switch: self
                     .admin_token
@@ -217,53 +234,66 @@ impl Proxy {
             self.admin_guards,
             admin_stop.clone(),
         ));
-        tokio::spawn(reload_on_sighup(self.switch.clone(), admin_stop.clone()));
-        if !self.cert_watch_interval.is_zero() {
-            tokio::spawn(reload_on_file_change(
-                self.switch.clone(),
-                self.cert_watch_interval,
-                admin_stop.clone(),
-            ));
-        }
-        let limit = Arc::new(Semaphore::new(self.limits.max_connections));
+        let limits = self.plan.limits.clone();
+        let cert_watch_interval = self.plan.cert_watch_interval;
         let tracker = TaskTracker::new();
         // What the accept loops and connections drain on: SIGTERM, once `accept_grace`
         // has passed.
         let drain = CancellationToken::new();
-        let mut accept_loops = Vec::with_capacity(self.listeners.len());
-        for (listener, ctx) in self.listeners {
-            let (kind, settings) = &ctx.health_check;
-            crate::upstream::health::spawn(&ctx.upstreams, *kind, settings, &admin_stop);
-            accept_loops.push(tokio::spawn(accept_loop(
-                listener,
-                ctx,
-                limit.clone(),
-                tracker.clone(),
-                drain.clone(),
-            )));
+        let serving = Serving {
+            limit: Arc::new(Semaphore::new(limits.max_connections)),
+            tracker: tracker.clone(),
+            drain: drain.clone(),
+            admin_stop: admin_stop.clone(),
+        };
+        let running = self
+            .listeners
+            .into_iter()
+            .map(|(socket, ctx, lp)| serving.start(socket, ctx, lp))
+            .collect();
+        let access_log = self.shared.access_log.clone();
+        let reloader = Arc::new(Reloader::new(
+            self.source,
+            self.config_file,
+            self.shared,
+            self.switch,
+            serving,
+            self.plan,
+            running,
+        ));
+        tokio::spawn(crate::reload::on_sighup(
+            reloader.clone(),
+            admin_stop.clone(),
+        ));
+        if !cert_watch_interval.is_zero() {
+            tokio::spawn(crate::reload::on_file_change(
+                reloader.clone(),
+                cert_watch_interval,
+                admin_stop.clone(),
+            ));
         }
         ready.store(true, Ordering::Release);
 
         shutdown.cancelled().await;
         ready.store(false, Ordering::Release);
-        let grace = self.limits.accept_grace;
+        let grace = limits.accept_grace;
         if !grace.is_zero() {
             tracing::info!(accept_grace = ?grace, "not ready; still accepting until the endpoint is removed");
             tokio::time::sleep(grace).await;
         }
         drain.cancel();
-        for l in accept_loops {
-            // The loops end on the same token; joining drops the listening sockets.
+        // The loops end on the same token; joining drops the listening sockets.
+        for l in reloader.take_accept_loops() {
             let _ = l.await;
         }
         tracker.close();
         let open = tracker.len();
         tracing::info!(
             open_connections = open,
-            grace = ?self.limits.shutdown_grace,
+            grace = ?limits.shutdown_grace,
             "draining: no longer accepting"
         );
-        if tokio::time::timeout(self.limits.shutdown_grace, tracker.wait())
+        if tokio::time::timeout(limits.shutdown_grace, tracker.wait())
             .await
             .is_err()
         {
@@ -278,17 +308,16 @@ impl Proxy {
         if let Some(pool) = self.pool {
             pool.shutdown();
         }
-        if let Some(log) = &self.access_log {
+        if let Some(log) = access_log {
             // The lines of the requests that just drained, before the process exits.
-            let log = log.clone();
             let _ = tokio::task::spawn_blocking(move || log.flush(Duration::from_secs(2))).await;
         }
     }
 }
 
-/// One listener of `plan`: its TLS built (QAT proof and fallback included), its nodes and
-/// forwarder set up, its socket bound.
-fn start_listener(
+/// One listener of `plan`: its TLS built (QAT proof and fallback included), its socket
+/// bound, its nodes and forwarder set up.
+pub(crate) fn start_listener(
     lp: &ListenerPlan,
     plan: &Plan,
     shared: &Shared,
@@ -319,14 +348,62 @@ fn start_listener(
         addr: lp.listen,
         source,
     })?;
-    let lm = built.tls.metrics.clone();
+    for (s, p) in built.tls.sni.iter().zip(&lp.tls.sni) {
+        tracing::info!(listener = %name, server_names = %p.names.join(","), algorithm = s.algorithm, "SNI certificate ready");
+    }
+    let (provider, cert) = (built.provider, built.cert);
+    let tls = Arc::new(SwitchableListener::new(labels, built.tls, &shared.metrics));
+    let ctx = listener_ctx(lp, plan, shared, tls)?;
+    let policy = &lp.tls.policy;
+    tracing::info!(
+        listener = %name,
+        listen = %socket.local_addr().map_or(lp.listen, |a| a),
+        upstream = %ctx.upstreams.describe(),
+        proxy_protocol = lp.proxy_protocol.is_some(),
+        upstream_tls = upstream_tls_label(lp),
+        balance = ?lp.balance,
+        health_check = ?lp.health_check.0,
+        mode = lp.mode_label(),
+        provider = provider.name().as_str(),
+        library = %provider.library_version(),
+        certificate = %cert.algorithm,
+        key_bits = cert.algorithm.key_bits(),
+        subject = %cert.subject,
+        tls = %format!("{}-{}", policy.min_version, policy.max_version),
+        kx_groups = %provider.kx_group_names().join(","),
+        resumption = policy.resumption,
+        mtls = policy.client_ca.is_some(),
+        handshake = tls::handshake_label(provider.name(), shared.offload.label()),
+        "listener ready"
+    );
+    Ok((socket, Arc::new(ctx)))
+}
+
+/// How a listener reaches `https://` nodes, for its log line.
+pub(crate) fn upstream_tls_label(lp: &ListenerPlan) -> &'static str {
+    match &lp.upstream_tls {
+        None => "off",
+        Some(t) if t.ca.is_some() => "ca file",
+        Some(_) => "system roots",
+    }
+}
+
+/// What a listener serves with besides its socket: `tls` (built at start, or kept by a
+/// reload), its nodes and their TLS, the forwarder, limits and PROXY protocol sources.
+pub(crate) fn listener_ctx(
+    lp: &ListenerPlan,
+    plan: &Plan,
+    shared: &Shared,
+    tls: Arc<SwitchableListener>,
+) -> Result<ListenerCtx, StartupError> {
+    let lm = tls.current().metrics.clone();
     let upstream_tls = lp
         .upstream_tls
         .as_ref()
         .map(UpstreamTlsPair::new)
         .transpose()
         .map_err(|source| StartupError::UpstreamTls {
-            name: name.clone(),
+            name: lp.name.clone(),
             index: lp.index,
             source,
         })?;
@@ -350,33 +427,8 @@ fn start_listener(
         ))),
         ListenerMode::Tcp => Mode::Tcp,
     };
-    let (provider, cert, policy) = (&built.provider, &built.cert, &lp.tls.policy);
-    tracing::info!(
-        listener = %name,
-        listen = %socket.local_addr().map_or(lp.listen, |a| a),
-        upstream = %upstreams.describe(),
-        proxy_protocol = lp.proxy_protocol.is_some(),
-        upstream_tls = lp.upstream_tls.as_ref().map_or("off", |t| if t.ca.is_some() { "ca file" } else { "system roots" }),
-        balance = ?lp.balance,
-        health_check = ?lp.health_check.0,
-        mode = lp.mode_label(),
-        provider = provider.name().as_str(),
-        library = %provider.library_version(),
-        certificate = %cert.algorithm,
-        key_bits = cert.algorithm.key_bits(),
-        subject = %cert.subject,
-        tls = %format!("{}-{}", policy.min_version, policy.max_version),
-        kx_groups = %provider.kx_group_names().join(","),
-        resumption = policy.resumption,
-        mtls = policy.client_ca.is_some(),
-        handshake = tls::handshake_label(provider.name(), shared.offload.label()),
-        "listener ready"
-    );
-    for (s, p) in built.tls.sni.iter().zip(&lp.tls.sni) {
-        tracing::info!(listener = %name, server_names = %p.names.join(","), algorithm = s.algorithm, "SNI certificate ready");
-    }
-    let ctx = ListenerCtx {
-        tls: Arc::new(SwitchableListener::new(labels, built.tls, &shared.metrics)),
+    Ok(ListenerCtx {
+        tls,
         offload: shared.offload.clone(),
         limits: plan.limits.clone(),
         metrics: lm,
@@ -384,8 +436,7 @@ fn start_listener(
         upstreams,
         health_check: lp.health_check.clone(),
         proxy_protocol: lp.proxy_protocol.clone(),
-    };
-    Ok((socket, Arc::new(ctx)))
+    })
 }
 
 /// The admin listener bound, its token read, its TLS built (served by aws-lc-rs, whatever
@@ -425,94 +476,6 @@ fn bind_admin(plan: &Plan) -> Result<(TcpListener, Option<AdminToken>, AdminGuar
         tls,
     };
     Ok((admin, token, guards))
-}
-
-/// Certificate rotation: every SIGHUP reads each listener's certificate and key files again
-/// (see [`TlsSwitch::reload`]) on a blocking thread, since key loading and the signing proof
-/// are CPU work and file I/O. Failures are logged and counted; the old configuration stays.
-async fn reload_on_sighup(switch: Arc<TlsSwitch>, stop: CancellationToken) {
-    use tokio::signal::unix::{signal, SignalKind};
-    let mut hangups = match signal(SignalKind::hangup()) {
-        Ok(s) => s,
-        Err(e) => {
-            tracing::warn!(error = %e, "cannot watch SIGHUP: certificate reload is off");
-            return;
-        }
-    };
-    loop {
-        tokio::select! {
-            _ = stop.cancelled() => return,
-            got = hangups.recv() => if got.is_none() { return },
-        }
-        let switch = switch.clone();
-        reload(switch, "SIGHUP").await;
-    }
-}
-
-/// Reloads every listener's certificate and key on a blocking thread (key loading and the
-/// signing proof are CPU work and file I/O); failures are logged and counted, and the old
-/// configuration stays.
-/// Returns whether every listener reloaded.
-async fn reload(switch: Arc<TlsSwitch>, trigger: &'static str) -> bool {
-    let outcomes = match tokio::task::spawn_blocking(move || switch.reload()).await {
-        Ok(o) => o,
-        Err(e) => {
-            tracing::error!(error = %e, trigger, "certificate reload panicked");
-            return false;
-        }
-    };
-    let mut all_ok = true;
-    for (listener, outcome) in outcomes {
-        if let Err(e) = outcome {
-            all_ok = false;
-            tracing::error!(%listener, error = %e, trigger, "certificate reload failed: the previous certificate stays in use");
-        }
-    }
-    all_ok
-}
-
-/// Certificate rotation without a signal: every `interval` the certificate and key files
-/// are stat'ed (following symlinks), and a change reloads them as SIGHUP does. Polling, not
-/// inotify: it sees a Kubernetes `..data` symlink swap and a file replaced by rename alike,
-/// costs two `stat` calls per listener per interval, and needs no watch to be re-armed
-/// after a rename. A pair caught half-written fails its reload (the old pair stays, logged
-/// and counted) and is reloaded again once the second file lands.
-async fn reload_on_file_change(
-    switch: Arc<TlsSwitch>,
-    interval: Duration,
-    stop: CancellationToken,
-) {
-    let stamps = |switch: &Arc<TlsSwitch>| {
-        let switch = switch.clone();
-        tokio::task::spawn_blocking(move || switch.file_stamps())
-    };
-    let Ok(mut seen) = stamps(&switch).await else {
-        return;
-    };
-    loop {
-        tokio::select! {
-            _ = stop.cancelled() => return,
-            _ = tokio::time::sleep(interval) => {}
-        }
-        let Ok(now) = stamps(&switch).await else {
-            return;
-        };
-        if now != seen {
-            tracing::info!("certificate or key file replaced: reloading");
-            seen = if reload(switch.clone(), "file change").await {
-                // Taken after the reload: an admin switch to other files during it would
-                // otherwise look like one more change.
-                match stamps(&switch).await {
-                    Ok(after) => after,
-                    Err(_) => return,
-                }
-            } else {
-                // A failed reload (a pair caught half-written) is tried again as soon as
-                // anything changes after what it read.
-                now
-            };
-        }
-    }
 }
 
 /// Loads the QAT provider, or explains why not; `None` means software fallback was

@@ -36,7 +36,8 @@ pub enum FileStamp {
 }
 
 impl FileStamp {
-    fn of(path: &std::path::Path) -> Self {
+    /// The stamp of `path` now.
+    pub fn of(path: &std::path::Path) -> Self {
         use std::os::unix::fs::MetadataExt;
         match std::fs::metadata(path) {
             Ok(m) => Self::Present(
@@ -360,7 +361,8 @@ fn check_pem_file(path: &std::path::Path) -> Result<(), SwitchError> {
 
 /// Every switchable listener of the process.
 pub struct TlsSwitch {
-    listeners: Vec<Arc<SwitchableListener>>,
+    /// The listeners in service: replaced when a configuration reload adds or removes one.
+    listeners: ArcSwap<Vec<Arc<SwitchableListener>>>,
     metrics: Metrics,
     qat: Option<Arc<QatState>>,
     /// One change at a time: a SIGHUP reload reads a listener's current files and installs
@@ -376,11 +378,32 @@ impl TlsSwitch {
         qat: Option<Arc<QatState>>,
     ) -> Self {
         Self {
-            listeners,
+            listeners: ArcSwap::from_pointee(listeners),
             metrics,
             qat,
             changing: std::sync::Mutex::new(()),
         }
+    }
+
+    /// The listeners in service after a configuration reload.
+    pub fn set_listeners(&self, listeners: Vec<Arc<SwitchableListener>>) {
+        self.listeners.store(Arc::new(listeners));
+    }
+
+    /// Builds `l`'s TLS from a new `plan` (a configuration reload changed its certificate,
+    /// provider or policy) and installs it; on failure the old TLS stays. Counted and
+    /// logged as a certificate reload. Blocking, like [`Self::apply`].
+    pub fn rebuild(
+        &self,
+        l: &SwitchableListener,
+        plan: &TlsPlan,
+    ) -> Result<SwitchOutcome, SwitchError> {
+        let _one_at_a_time = self.changing.lock().unwrap_or_else(|p| p.into_inner());
+        let outcome = self
+            .build(l, plan)
+            .map(|b| self.install(l, b, "TLS rebuilt from the reloaded configuration"));
+        self.metrics.tls_reloaded(&l.labels.name, outcome.is_ok());
+        outcome
     }
 
     /// Builds every new configuration first, then installs them; on any error nothing is
@@ -391,13 +414,13 @@ impl TlsSwitch {
         for path in [&req.cert, &req.key] {
             check_pem_file(path)?;
         }
+        let listeners = self.listeners.load();
         let targets: Vec<&Arc<SwitchableListener>> = match &req.listener {
-            Some(name) => vec![self
-                .listeners
+            Some(name) => vec![listeners
                 .iter()
                 .find(|l| &l.labels.name == name)
                 .ok_or_else(|| SwitchError::UnknownListener(name.clone()))?],
-            None => self.listeners.iter().collect(),
+            None => listeners.iter().collect(),
         };
         let _one_at_a_time = self.changing.lock().unwrap_or_else(|p| p.into_inner());
         let mut built = Vec::with_capacity(targets.len());
@@ -422,6 +445,7 @@ impl TlsSwitch {
     /// reading them. Two equal stamps mean nothing was replaced in between.
     pub fn file_stamps(&self) -> Vec<FileStamp> {
         self.listeners
+            .load()
             .iter()
             .flat_map(|l| {
                 let current = l.current();
@@ -431,12 +455,15 @@ impl TlsSwitch {
     }
 
     /// Builds every listener's TLS again from the plan in effect (same files, same
-    /// provider); each listener on its own, so one bad file pair stops only its listener's
-    /// reload. Returns `(listener, outcome)` for each. Blocking, like [`Self::apply`].
-    pub fn reload(&self) -> Vec<(String, Result<SwitchOutcome, SwitchError>)> {
+    /// provider), but those named in `skip`; each listener on its own, so one bad file pair
+    /// stops only its listener's reload. Returns `(listener, outcome)` for each. Blocking,
+    /// like [`Self::apply`].
+    pub fn reload(&self, skip: &[String]) -> Vec<(String, Result<SwitchOutcome, SwitchError>)> {
         let _one_at_a_time = self.changing.lock().unwrap_or_else(|p| p.into_inner());
         self.listeners
+            .load()
             .iter()
+            .filter(|l| !skip.contains(&l.labels.name))
             .map(|l| {
                 let plan = l.current().plan.clone();
                 let outcome = self

@@ -169,6 +169,7 @@ pub struct Metrics {
     listener_info: IntGaugeVec,
     certificate_expiry: IntGaugeVec,
     tls_reloads: IntCounterVec,
+    config_reloads: IntCounterVec,
     connection_closes: IntCounterVec,
     upstream_rejected: IntCounterVec,
     upstream_in_flight: IntGaugeVec,
@@ -352,6 +353,14 @@ impl Metrics {
             &["listener", "outcome"],
         )
         .expect("static metric definition");
+        let config_reloads = IntCounterVec::new(
+            Opts::new(
+                "proxy_config_reloads_total",
+                "Configuration reloads (SIGHUP, or the configuration file replaced), by outcome (ok; error: the file did not check or a new listener could not start, and the configuration in effect stays).",
+            ),
+            &["outcome"],
+        )
+        .expect("static metric definition");
         let connection_closes = IntCounterVec::new(
             Opts::new(
                 "proxy_connection_closes_total",
@@ -465,6 +474,7 @@ impl Metrics {
             Box::new(listener_info.clone()),
             Box::new(certificate_expiry.clone()),
             Box::new(tls_reloads.clone()),
+            Box::new(config_reloads.clone()),
         ] {
             registry.register(c).expect("metric names are unique");
         }
@@ -487,6 +497,7 @@ impl Metrics {
             listener_info,
             certificate_expiry,
             tls_reloads,
+            config_reloads,
             connection_closes,
             upstream_rejected,
             upstream_in_flight,
@@ -638,6 +649,13 @@ impl Metrics {
     pub fn tls_reloaded(&self, listener: &str, ok: bool) {
         self.tls_reloads
             .with_label_values(&[listener, if ok { "ok" } else { "error" }])
+            .inc();
+    }
+
+    /// A configuration reload: applied, or refused with the old configuration kept.
+    pub fn config_reloaded(&self, ok: bool) {
+        self.config_reloads
+            .with_label_values(&[if ok { "ok" } else { "error" }])
             .inc();
     }
 

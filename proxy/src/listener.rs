@@ -165,9 +165,15 @@ async fn handle_connection(
     // with the client's first bytes.
     let deadline = tokio::time::Instant::now() + ctx.limits.handshake_timeout;
     if let Some(trusted) = &ctx.proxy_protocol {
+        // Boxed like the handshake below: its peek buffer must not grow every
+        // connection's task, PROXY protocol or not.
         let header = tokio::time::timeout_at(
             deadline,
-            crate::proxy_protocol::read_header(&mut stream, peer, trusted),
+            Box::pin(crate::proxy_protocol::read_header(
+                &mut stream,
+                peer,
+                trusted,
+            )),
         )
         .await;
         match header {

@@ -238,3 +238,55 @@ fn bad_upstream_tls_settings_are_refused_at_start_up() {
         assert!(text.contains(expected), "{listener}: expected {expected:?}:\n{text}");
     }
 }
+
+/// A node that requires a client certificate (mTLS, as Qdrant behind a mutual-TLS
+/// ingress, or a proxy with `client_ca`): the proxy presents `upstream_tls.cert`/`key` and
+/// is served; without them the node refuses the handshake and the client gets 502.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_that_requires_a_client_certificate_gets_the_configured_one() {
+    let eq = EmbeddedQdrant::start(&temp_dir("upstream-mtls-qdrant"));
+    let ca = &certs().ca_cert;
+    let node = proxy_with(
+        "upstream-mtls-node",
+        &format!("http://{}", eq.rest),
+        &format!("http://{}", eq.grpc),
+        &format!("[listener.tls]\nclient_ca = \"{}\"", ca.display()),
+    );
+    let port = node.listener("rest").port();
+    let (client_cert, client_key) = &certs().client;
+    let with_cert = proxy_with(
+        "upstream-mtls-front",
+        &format!("https://127.0.0.1:{port}"),
+        &format!("https://127.0.0.1:{}", node.listener("grpc").port()),
+        &upstream_tls(
+            ca,
+            &format!(
+                ", cert = \"{}\", key = \"{}\"",
+                client_cert.display(),
+                client_key.display()
+            ),
+        ),
+    );
+    let answer = get(with_cert.listener("rest"), "/collections")
+        .await
+        .expect("an answer");
+    assert_eq!(answer.status.as_u16(), 200, "{answer:?}");
+    assert_eq!(answer.json()["status"], "ok", "{answer:?}");
+
+    let without = proxy_with(
+        "upstream-mtls-none",
+        &format!("https://127.0.0.1:{port}"),
+        &format!("https://127.0.0.1:{}", node.listener("grpc").port()),
+        &upstream_tls(ca, ""),
+    );
+    let answer = get(without.listener("rest"), "/collections")
+        .await
+        .expect("an answer");
+    assert_eq!(answer.status.as_u16(), 502, "{answer:?}");
+    // The node saw a client without a certificate, and said so.
+    node.wait_metric(
+        "proxy_connection_errors_total",
+        &[("listener", "rest"), ("kind", "handshake")],
+        1.0,
+    );
+}

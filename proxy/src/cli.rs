@@ -566,7 +566,7 @@ fn run(args: RunArgs) -> ExitCode {
     };
     // Reloads read the same file and flags again, and check them as start-up did.
     let (file, overrides) = (args.config.clone(), args.overrides.clone());
-    let source: crate::server::ConfigSource = std::sync::Arc::new(move || {
+    let source: crate::reload::ConfigSource = std::sync::Arc::new(move || {
         let config = resolve(file.as_ref(), &overrides).map_err(|e| e.to_string())?;
         Plan::new(&config).map_err(|e| e.to_string())
     });

@@ -9,6 +9,8 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::crypto::{KxGroupName, ProviderName};
+// A listener's upstream settings are `upstream`'s types, read here from the file.
+pub use crate::upstream::{Balance, HealthCheckConfig, HealthCheckKind, UpstreamTlsConfig};
 
 /// Admin listener default: loopback only, so metrics and the admin API are never exposed
 /// by accident; operators opt in to a wider bind.
@@ -475,98 +477,6 @@ pub(crate) fn server_name_problem(name: &str) -> Option<String> {
     }
 }
 
-/// How a request picks its upstream node among the healthy ones.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
-#[serde(rename_all = "kebab-case")]
-pub enum Balance {
-    /// The node with the fewest requests in flight (ties go round the nodes): a slow node
-    /// gets less, as Envoy's and nginx's least-request balancers do.
-    #[default]
-    LeastRequests,
-    /// Each node in turn.
-    RoundRobin,
-}
-
-/// How a listener checks its upstream nodes.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
-#[serde(rename_all = "kebab-case")]
-pub enum HealthCheckKind {
-    /// With several nodes: `grpc` for h2c listeners, `connect` in tcp mode, `http`
-    /// otherwise; with one node: `off` (it gets every request whatever its state).
-    #[default]
-    Auto,
-    /// `GET {path}` over HTTP/1.1 (Qdrant's `/readyz`); any 2xx is healthy.
-    Http,
-    /// `grpc.health.v1.Health/Check` over h2c; SERVING is healthy.
-    Grpc,
-    /// A TCP connect.
-    Connect,
-    /// No active checks (connect failures still eject a node for a while).
-    Off,
-}
-
-/// Active health checks (one probe per node per interval) and passive ejection (a node
-/// whose connect failed is skipped for a backoff that doubles up to a maximum).
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
-#[serde(deny_unknown_fields, default)]
-pub struct HealthCheckConfig {
-    /// What a probe is.
-    pub kind: HealthCheckKind,
-    /// The HTTP probe's path.
-    pub path: String,
-    /// Time between two probes of one node.
-    #[serde(with = "humantime_serde")]
-    pub interval: Duration,
-    /// A probe that has not answered in this time failed.
-    #[serde(with = "humantime_serde")]
-    pub timeout: Duration,
-    /// Consecutive failed probes that take a node out.
-    pub unhealthy_threshold: u32,
-    /// Consecutive good probes that bring it back.
-    pub healthy_threshold: u32,
-    /// First ejection after a failed connect; each further failure doubles it.
-    #[serde(with = "humantime_serde")]
-    pub ejection_base: Duration,
-    /// The longest ejection.
-    #[serde(with = "humantime_serde")]
-    pub ejection_max: Duration,
-}
-
-impl Default for HealthCheckConfig {
-    fn default() -> Self {
-        Self {
-            kind: HealthCheckKind::Auto,
-            path: "/readyz".to_owned(),
-            interval: Duration::from_secs(2),
-            timeout: Duration::from_secs(1),
-            unhealthy_threshold: 2,
-            healthy_threshold: 2,
-            ejection_base: Duration::from_secs(1),
-            ejection_max: Duration::from_secs(30),
-        }
-    }
-}
-
-impl HealthCheckConfig {
-    /// The probe in effect for a listener with `nodes` nodes.
-    pub fn effective_kind(
-        &self,
-        nodes: usize,
-        mode: ListenerMode,
-        protocol: UpstreamProtocol,
-    ) -> HealthCheckKind {
-        match self.kind {
-            HealthCheckKind::Auto if nodes < 2 => HealthCheckKind::Off,
-            HealthCheckKind::Auto => match (mode, protocol) {
-                (ListenerMode::Tcp, _) => HealthCheckKind::Connect,
-                (ListenerMode::Http, UpstreamProtocol::H2c) => HealthCheckKind::Grpc,
-                (ListenerMode::Http, _) => HealthCheckKind::Http,
-            },
-            kind => kind,
-        }
-    }
-}
-
 /// Reads `upstream` as one URL or a list of them.
 fn one_or_many<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
     #[derive(Deserialize)]
@@ -672,31 +582,6 @@ fn default_true() -> bool {
     true
 }
 
-/// TLS from the proxy to its `https://` upstream nodes: a Qdrant with
-/// `service.enable_tls`, or one on another node or in another cluster, so the hop is
-/// encrypted end to end. Made with aws-lc-rs whatever the listener's provider (it is the
-/// client side: verification only, no private-key operation to offload), TLS 1.3 and
-/// 1.2, the production key-exchange groups, ALPN `h2` or `http/1.1` by
-/// `upstream_protocol`, and session resumption (pooled connections are rarely new).
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct UpstreamTlsConfig {
-    /// CA certificates (PEM) that the nodes' certificates must chain to. Unset: the
-    /// system's trust store (a public CA, e.g. Qdrant Cloud).
-    #[serde(default)]
-    pub ca: Option<PathBuf>,
-    /// Certificate chain presented to nodes that ask for one (mTLS), with `key`.
-    #[serde(default)]
-    pub cert: Option<PathBuf>,
-    /// The private key of `cert`.
-    #[serde(default)]
-    pub key: Option<PathBuf>,
-    /// The name sent as SNI and verified in every node's certificate. Unset: each node's
-    /// host from its URL (a name, or an IP address matched against IP SANs).
-    #[serde(default)]
-    pub server_name: Option<String>,
-}
-
 /// The PROXY protocol on a listener behind an L4 load balancer (see `proxy_protocol.rs`).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -704,13 +589,6 @@ pub struct ProxyProtocolConfig {
     /// The balancers' addresses or CIDR blocks: they must send a v1 or v2 header, and
     /// nobody else may connect (a header from anybody could claim any client address).
     pub trusted: Vec<String>,
-}
-
-impl UpstreamTlsConfig {
-    /// Nothing set: no upstream TLS settings (they apply only to `https://` nodes).
-    pub fn is_unset(&self) -> bool {
-        *self == Self::default()
-    }
 }
 
 /// One client-facing listener.

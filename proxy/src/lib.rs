@@ -1,21 +1,35 @@
 //! `proxy`: a TLS terminator for vector-database ingestion.
 //!
 //! It accepts TLS with rustls, using a crypto provider chosen at run time (ring, aws-lc-rs,
-//! OpenSSL, OpenSSL + QAT), and forwards plaintext to a local upstream such as Qdrant:
-//! HTTP/1.1 for REST, h2c for gRPC, or raw bytes in tcp mode. It exports Prometheus metrics
-//! on a loopback admin port.
+//! OpenSSL, OpenSSL + QAT), and forwards to an upstream such as Qdrant: HTTP/1.1 for REST,
+//! HTTP/2 for gRPC (h2c, or h2 over TLS to `https://` nodes), or raw bytes in tcp mode. It
+//! exports Prometheus metrics on an admin port, and reloads without dropping connections.
 //!
-//! Module map: [`crypto`] (providers, keys, certificates), [`tls`] (server configs and the
-//! handshake path), [`http`] (L7 forwarding), [`tcp`] (L4 splice), [`admin`] (metrics and
-//! health), [`config`] (the typed configuration), [`plan`] (the configuration checked and decided, per listener), [`server`] (listeners, limits, shutdown), [`switch`] (run-time TLS switching),
-//! [`cli`] (the command line).
+//! Module map, in the order a connection meets them:
+//! - [`cli`] the command line; [`config`] the file format; [`plan`] the configuration
+//!   checked and decided, per listener;
+//! - [`server`] start-up and shutdown; [`assemble`] a listener's serving state built from
+//!   its plan (start-up and reloads); [`reload`] SIGHUP and replaced files applied to the
+//!   running proxy; [`switch`] the run-time TLS switch;
+//! - [`listener`] the accept loop and each connection's path; [`proxy_protocol`] the PROXY
+//!   header from a trusted balancer; [`trust`] trusted sources;
+//! - [`tls`] server configurations and the handshake; [`crypto`] providers, keys,
+//!   certificates and QAT;
+//! - [`http`] L7 forwarding; [`tcp`] the L4 splice; [`upstream`] the nodes, balancing,
+//!   health checks and upstream TLS; [`io`] deadlines and byte accounting;
+//! - [`admin`] /metrics, /healthz, /readyz and the switch API; [`metrics`] every metric;
+//!   [`access_log`] one line per request; [`ratelog`] rate-limited peer log lines.
 
-// Unsafe code is confined to the OpenSSL provider calls of `crypto::qat` (its `ffi` module).
+// Unsafe code is confined to the OpenSSL calls that rustls-openssl and the openssl crate
+// do not expose, all in `crypto::qat`: `ffi` (the provider and ASYNC job bindings) and
+// `signer` (the asynchronous signing thread that drives them); each allows it for itself
+// and says why at the block.
 #![deny(unsafe_code)]
 #![deny(missing_docs)]
 
 pub mod access_log;
 pub mod admin;
+pub mod assemble;
 pub mod cli;
 pub mod config;
 pub mod crypto;

@@ -318,6 +318,26 @@ fn limits_problems(l: &Limits, problems: &mut Vec<String>) {
     }
 }
 
+/// The probe in effect for a listener with `nodes` nodes: `auto` decided by the mode and
+/// the upstream protocol, and off for a single node (it gets every request whatever its
+/// state).
+fn effective_health_check(
+    hc: &HealthCheckConfig,
+    nodes: usize,
+    mode: ListenerMode,
+    protocol: UpstreamProtocol,
+) -> HealthCheckKind {
+    match hc.kind {
+        HealthCheckKind::Auto if nodes < 2 => HealthCheckKind::Off,
+        HealthCheckKind::Auto => match (mode, protocol) {
+            (ListenerMode::Tcp, _) => HealthCheckKind::Connect,
+            (ListenerMode::Http, UpstreamProtocol::H2c) => HealthCheckKind::Grpc,
+            (ListenerMode::Http, _) => HealthCheckKind::Http,
+        },
+        kind => kind,
+    }
+}
+
 /// A listener's `upstream_tls`, checked: `Some` when some node is `https://`. Settings
 /// without such a node are refused rather than ignored: an operator who wrote them believes
 /// the hop is encrypted.
@@ -437,7 +457,7 @@ fn listener_plan(
             hc.path
         ));
     }
-    let health_kind = hc.effective_kind(lc.upstream.len(), lc.mode, lc.upstream_protocol);
+    let health_kind = effective_health_check(hc, lc.upstream.len(), lc.mode, lc.upstream_protocol);
     if lc.mode == ListenerMode::Tcp
         && matches!(health_kind, HealthCheckKind::Http | HealthCheckKind::Grpc)
     {

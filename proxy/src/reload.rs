@@ -30,10 +30,14 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::assemble::{listener_ctx, start_listener, upstream_tls_label, Shared};
 use crate::listener::{accept_loop, ListenerCtx};
 use crate::plan::{ListenerPlan, Plan};
-use crate::server::{listener_ctx, start_listener, upstream_tls_label, ConfigSource, Shared};
 use crate::switch::{FileStamp, TlsSwitch};
+
+/// Where a reload reads the configuration from: the file and flags the process started
+/// with, read, merged and checked again (`cli` makes it).
+pub type ConfigSource = Arc<dyn Fn() -> Result<Plan, String> + Send + Sync>;
 
 /// What every accept loop shares: the connection limit, the connections' tracker, the
 /// drain after SIGTERM, and the token that ends background work (health checks).

@@ -1,6 +1,6 @@
-//! The process's lifecycle: a [`Plan`] turned into bound listeners (TLS built, nodes and
-//! forwarders set up) and the admin port, serving them under one connection limit, reloads
-//! (SIGHUP, replaced certificate files) and graceful shutdown. Accepting and each
+//! The process's lifecycle: a [`Plan`] turned into bound listeners (each assembled by
+//! `assemble.rs`) and the admin port, served under one connection limit until SIGTERM, then
+//! the accept grace and the drain. Reloads are `reload.rs`'s; accepting and each
 //! connection's life are `listener.rs`'s.
 
 use std::net::SocketAddr;
@@ -15,89 +15,16 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::admin::{self, AdminGuards, AdminState, AdminToken};
-use crate::config::ListenerMode;
-use crate::crypto::qat::{self, Activation, QatConfig, QatError, QatState};
-use crate::crypto::CryptoError;
-use crate::http::{BufferBudget, HttpForwarder, H2_CONNECTION_WINDOW};
-use crate::listener::{bind, ListenerCtx, Mode};
+pub use crate::assemble::StartupError;
+use crate::assemble::{start_listener, warn_if_key_readable_by_others, Shared};
+use crate::crypto::qat::{self, Activation, QatConfig, QatState};
+use crate::http::{BufferBudget, H2_CONNECTION_WINDOW};
+use crate::listener::{bind, ListenerCtx};
 use crate::metrics::Metrics;
 use crate::plan::{ListenerPlan, Plan};
-use crate::reload::{Reloader, Serving};
-use crate::switch::{
-    build_listener_tls, ListenerLabels, SwitchableListener, TlsBuildError, TlsSwitch,
-};
-use crate::tls::{self, HandshakePool, Offload};
-use crate::upstream::{UpstreamPool, UpstreamTlsPair};
-
-/// Why the proxy could not start; each names the listener, file, address or setting.
-#[derive(Debug, thiserror::Error)]
-pub enum StartupError {
-    /// A listener's TLS: provider, certificate, key, SNI certificate or QAT proof.
-    #[error("listener {name:?} (listener[{index}]): {source}")]
-    ListenerTls {
-        /// The listener's name.
-        name: String,
-        /// Its position in the configuration.
-        index: usize,
-        /// What failed (boxed: start-up's other errors are small).
-        source: Box<TlsBuildError>,
-    },
-    /// A listener's `upstream_tls`: its CA, client certificate or key.
-    #[error("listener {name:?} (listener[{index}]): upstream_tls: {source}")]
-    UpstreamTls {
-        /// The listener's name.
-        name: String,
-        /// Its position in the configuration.
-        index: usize,
-        /// What failed.
-        source: CryptoError,
-    },
-    /// A socket could not be bound.
-    #[error("{what}: cannot listen on {addr}: {source}")]
-    Bind {
-        /// The listener (`listener "rest" (listener[0])`, `admin listener`).
-        what: String,
-        /// The address.
-        addr: SocketAddr,
-        /// The operating system's answer.
-        source: std::io::Error,
-    },
-    /// The QAT provider could not be activated (and `qat.fallback` is `none`).
-    #[error("openssl-qat: {0}")]
-    Qat(QatError),
-    /// The access log's file could not be opened.
-    #[error("access log: {0}")]
-    AccessLog(std::io::Error),
-    /// The handshake pool's threads could not be started.
-    #[error("cannot start the handshake pool: {0}")]
-    HandshakePool(std::io::Error),
-    /// The admin token file is unreadable or too short.
-    #[error("admin.token_file {}: {problem}", path.display())]
-    AdminToken {
-        /// The file.
-        path: std::path::PathBuf,
-        /// What is wrong.
-        problem: String,
-    },
-    /// The admin port's certificate or key.
-    #[error("admin TLS: {0}")]
-    AdminTls(CryptoError),
-}
-
-/// What every listener of the process shares, made once at start-up (a reload keeps it:
-/// these settings take effect at the next start).
-pub(crate) struct Shared {
-    pub(crate) metrics: Metrics,
-    pub(crate) budget: Arc<BufferBudget>,
-    pub(crate) offload: Offload,
-    /// The QAT provider, when active for the listeners that asked for it.
-    pub(crate) qat: Option<Arc<QatState>>,
-    pub(crate) access_log: Option<Arc<crate::access_log::AccessLog>>,
-}
-
-/// Where a reload reads the configuration from: the file and flags the process started
-/// with, read, merged and checked again (`cli` makes it).
-pub type ConfigSource = Arc<dyn Fn() -> Result<Plan, String> + Send + Sync>;
+use crate::reload::{ConfigSource, Reloader, Serving};
+use crate::switch::TlsSwitch;
+use crate::tls::{self, HandshakePool};
 
 /// A bound, ready-to-serve proxy.
 pub struct Proxy {
@@ -315,130 +242,6 @@ impl Proxy {
     }
 }
 
-/// One listener of `plan`: its TLS built (QAT proof and fallback included), its socket
-/// bound, its nodes and forwarder set up.
-pub(crate) fn start_listener(
-    lp: &ListenerPlan,
-    plan: &Plan,
-    shared: &Shared,
-) -> Result<(TcpListener, Arc<ListenerCtx>), StartupError> {
-    let name = &lp.name;
-    let labels = ListenerLabels {
-        name: name.clone(),
-        mode: lp.mode_label(),
-        offload: shared.offload.label(),
-    };
-    let built = build_listener_tls(&lp.tls, &labels, shared.qat.as_deref(), &shared.metrics)
-        .map_err(|source| StartupError::ListenerTls {
-            name: name.clone(),
-            index: lp.index,
-            source: Box::new(source),
-        })?;
-    if let Some(proof) = &built.qat_proof {
-        tracing::info!(listener = %name, "QAT start-up proof: {proof}");
-    }
-    if let Some(why) = &built.fell_back {
-        tracing::warn!(listener = %name, reason = %why, "QAT offload is off for this listener: signing in software OpenSSL (qat.fallback = \"software\")");
-    }
-    for key in lp.tls.keys() {
-        warn_if_key_readable_by_others(name, key);
-    }
-    let socket = bind(lp.listen, &plan.limits).map_err(|source| StartupError::Bind {
-        what: format!("listener {name:?} (listener[{}])", lp.index),
-        addr: lp.listen,
-        source,
-    })?;
-    for (s, p) in built.tls.sni.iter().zip(&lp.tls.sni) {
-        tracing::info!(listener = %name, server_names = %p.names.join(","), algorithm = s.algorithm, "SNI certificate ready");
-    }
-    let (provider, cert) = (built.provider, built.cert);
-    let tls = Arc::new(SwitchableListener::new(labels, built.tls, &shared.metrics));
-    let ctx = listener_ctx(lp, plan, shared, tls)?;
-    let policy = &lp.tls.policy;
-    tracing::info!(
-        listener = %name,
-        listen = %socket.local_addr().map_or(lp.listen, |a| a),
-        upstream = %ctx.upstreams.describe(),
-        proxy_protocol = lp.proxy_protocol.is_some(),
-        upstream_tls = upstream_tls_label(lp),
-        balance = ?lp.balance,
-        health_check = ?lp.health_check.0,
-        mode = lp.mode_label(),
-        provider = provider.name().as_str(),
-        library = %provider.library_version(),
-        certificate = %cert.algorithm,
-        key_bits = cert.algorithm.key_bits(),
-        subject = %cert.subject,
-        tls = %format!("{}-{}", policy.min_version, policy.max_version),
-        kx_groups = %provider.kx_group_names().join(","),
-        resumption = policy.resumption,
-        mtls = policy.client_ca.is_some(),
-        handshake = tls::handshake_label(provider.name(), shared.offload.label()),
-        "listener ready"
-    );
-    Ok((socket, Arc::new(ctx)))
-}
-
-/// How a listener reaches `https://` nodes, for its log line.
-pub(crate) fn upstream_tls_label(lp: &ListenerPlan) -> &'static str {
-    match &lp.upstream_tls {
-        None => "off",
-        Some(t) if t.ca.is_some() => "ca file",
-        Some(_) => "system roots",
-    }
-}
-
-/// What a listener serves with besides its socket: `tls` (built at start, or kept by a
-/// reload), its nodes and their TLS, the forwarder, limits and PROXY protocol sources.
-pub(crate) fn listener_ctx(
-    lp: &ListenerPlan,
-    plan: &Plan,
-    shared: &Shared,
-    tls: Arc<SwitchableListener>,
-) -> Result<ListenerCtx, StartupError> {
-    let lm = tls.current().metrics.clone();
-    let upstream_tls = lp
-        .upstream_tls
-        .as_ref()
-        .map(UpstreamTlsPair::new)
-        .transpose()
-        .map_err(|source| StartupError::UpstreamTls {
-            name: lp.name.clone(),
-            index: lp.index,
-            source,
-        })?;
-    let upstreams = Arc::new(UpstreamPool::new(
-        lp.nodes.clone(),
-        lp.balance,
-        &lp.health_check.1,
-        upstream_tls,
-        &lm,
-    ));
-    let mode = match lp.mode {
-        ListenerMode::Http => Mode::Http(Arc::new(HttpForwarder::new(
-            upstreams.clone(),
-            lp.upstream_protocol,
-            plan.limits.clone(),
-            lm.clone(),
-            shared.budget.clone(),
-            plan.trusted.clone(),
-            lp.security_headers,
-            shared.access_log.clone(),
-        ))),
-        ListenerMode::Tcp => Mode::Tcp,
-    };
-    Ok(ListenerCtx {
-        tls,
-        offload: shared.offload.clone(),
-        limits: plan.limits.clone(),
-        metrics: lm,
-        mode,
-        upstreams,
-        health_check: lp.health_check.clone(),
-        proxy_protocol: lp.proxy_protocol.clone(),
-    })
-}
-
 /// The admin listener bound, its token read, its TLS built (served by aws-lc-rs, whatever
 /// the listeners use).
 fn bind_admin(plan: &Plan) -> Result<(TcpListener, Option<AdminToken>, AdminGuards), StartupError> {
@@ -512,22 +315,6 @@ fn read_token(path: &Path) -> Result<String, StartupError> {
         ));
     }
     Ok(token)
-}
-
-/// A private key anybody on the host can read is a key anybody on the host has.
-fn warn_if_key_readable_by_others(listener: &str, key: &Path) {
-    use std::os::unix::fs::PermissionsExt;
-    if let Ok(meta) = std::fs::metadata(key) {
-        let mode = meta.permissions().mode();
-        if mode & 0o004 != 0 {
-            tracing::warn!(
-                %listener,
-                key = %key.display(),
-                mode = %format!("{:o}", mode & 0o777),
-                "the private key file is readable by every user of this host: chmod o-r (0600 or 0640)"
-            );
-        }
-    }
 }
 
 /// Writes the bound addresses as JSON to `path` (atomically), so scripts and the load

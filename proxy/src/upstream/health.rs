@@ -17,8 +17,8 @@ use tokio::net::TcpStream;
 use tokio::time::MissedTickBehavior;
 use tokio_util::sync::CancellationToken;
 
+use super::{HealthCheckConfig, HealthCheckKind};
 use super::{Node, UpstreamConnector, UpstreamPool};
-use crate::config::{HealthCheckConfig, HealthCheckKind};
 use crate::error_chain;
 
 /// The gRPC health service's method (grpc/grpc doc/health-checking.md).

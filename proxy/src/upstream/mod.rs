@@ -12,6 +12,7 @@
 mod addr;
 mod coalesce;
 pub mod health;
+mod settings;
 mod tls;
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
@@ -23,9 +24,9 @@ use tokio::time::Instant;
 
 pub use addr::UpstreamAddr;
 pub use coalesce::UpstreamConnector;
+pub use settings::{Balance, HealthCheckConfig, HealthCheckKind, UpstreamTlsConfig};
 pub use tls::{UpstreamTls, UpstreamTlsPair};
 
-use crate::config::{Balance, HealthCheckConfig};
 use crate::metrics::{ListenerMetrics, NodeMetrics};
 
 /// The nodes one listener forwards to.

@@ -13,9 +13,14 @@ use tokio::net::TcpStream;
 use tokio_rustls::client::TlsStream;
 use tokio_rustls::TlsConnector;
 
-use crate::config::{UpstreamTlsConfig, DEFAULT_PROVIDER};
-use crate::crypto::{CryptoError, KxGroupName};
+use super::UpstreamTlsConfig;
+use crate::crypto::{CryptoError, KxGroupName, ProviderName};
 use crate::tls::client::{ClientTls, Trust};
+
+/// The provider of every upstream connection, whatever the listener's: the client side
+/// only verifies (no private-key operation to offload), and aws-lc-rs is the fastest at
+/// that and offers the post-quantum group.
+const CLIENT_PROVIDER: ProviderName = ProviderName::AwsLcRs;
 
 /// The TLS side of one upstream client: a configuration (its ALPN fixed to the client's
 /// protocol) and the server name, when one is configured for every node.
@@ -40,7 +45,7 @@ impl UpstreamTlsPair {
         let trust = match &config.ca {
             Some(ca) => Trust::CaFiles(vec![ca.clone()]),
             None => {
-                let provider = crate::crypto::Provider::with_default_groups(DEFAULT_PROVIDER)?;
+                let provider = crate::crypto::Provider::with_default_groups(CLIENT_PROVIDER)?;
                 Trust::Verifier(Arc::new(rustls_platform_verifier::Verifier::new(
                     provider.crypto().clone(),
                 )?))
@@ -58,7 +63,7 @@ impl UpstreamTlsPair {
             })?;
         let client = |alpn: &[u8]| -> Result<UpstreamTls, CryptoError> {
             let tls = ClientTls {
-                provider: DEFAULT_PROVIDER,
+                provider: CLIENT_PROVIDER,
                 kx_groups: KxGroupName::PRODUCTION_DEFAULT.to_vec(),
                 trust: trust.clone(),
                 alpn: vec![alpn.to_vec()],

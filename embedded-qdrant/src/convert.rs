@@ -1,7 +1,21 @@
-//! Shapes shared by REST and gRPC: engine records to JSON, vectors out of the engine.
+//! Shapes shared by REST and gRPC: engine records to JSON, vectors out of the engine, gRPC
+//! point ids into the engine's.
 
+use qdrant_client::qdrant::{self as pb, point_id::PointIdOptions};
 use qdrant_edge::{PointId, Record, ScoredPoint, VectorInternal, VectorStructInternal};
 use serde_json::{json, Value};
+use tonic::Status;
+
+/// A point id from the protocol.
+pub(crate) fn point_id(id: Option<&pb::PointId>) -> Result<PointId, Status> {
+    match id.and_then(|p| p.point_id_options.as_ref()) {
+        Some(PointIdOptions::Num(n)) => Ok(PointId::NumId(*n)),
+        Some(PointIdOptions::Uuid(s)) => uuid::Uuid::parse_str(s)
+            .map(PointId::Uuid)
+            .map_err(|e| Status::invalid_argument(format!("point id {s:?} is not a UUID: {e}"))),
+        None => Err(Status::invalid_argument("point id missing")),
+    }
+}
 
 /// A point id as Qdrant's REST API writes it (number or UUID string).
 pub fn id_json(id: &PointId) -> Value {

@@ -22,7 +22,7 @@ use qdrant_edge::{
 };
 use tonic::{Request, Response, Status};
 
-use crate::convert::{dense_vector, ReportedConfig};
+use crate::convert::{dense_vector, point_id, ReportedConfig};
 use crate::grpc_filter;
 use crate::store::{parse_distance, AliasChange, Store, StoreError, VectorParams};
 
@@ -125,17 +125,6 @@ fn diff_json<T: serde::Serialize>(pairs: T) -> Option<serde_json::Map<String, se
 
 fn secs(started: Instant) -> f64 {
     started.elapsed().as_secs_f64()
-}
-
-/// A point id from the protocol.
-pub(crate) fn point_id(id: Option<&pb::PointId>) -> Result<PointId, Status> {
-    match id.and_then(|p| p.point_id_options.as_ref()) {
-        Some(PointIdOptions::Num(n)) => Ok(PointId::NumId(*n)),
-        Some(PointIdOptions::Uuid(s)) => uuid::Uuid::parse_str(s)
-            .map(PointId::Uuid)
-            .map_err(|e| Status::invalid_argument(format!("point id {s:?} is not a UUID: {e}"))),
-        None => Err(Status::invalid_argument("point id missing")),
-    }
 }
 
 fn point_id_out(id: &PointId) -> pb::PointId {

@@ -62,7 +62,7 @@ fn condition_json(c: &pb::Condition) -> Result<Value, Status> {
             let ids = h
                 .has_id
                 .iter()
-                .map(|id| crate::grpc::point_id(Some(id)).map(|p| crate::convert::id_json(&p)))
+                .map(|id| crate::convert::point_id(Some(id)).map(|p| crate::convert::id_json(&p)))
                 .collect::<Result<Vec<_>, _>>()?;
             Ok(json!({"has_id": ids}))
         }

@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::run::{OnOff, TlsVersionArg};
+use clap::ValueEnum;
 use hdrhistogram::Histogram;
 use serde::{Deserialize, Serialize};
 
@@ -234,13 +234,6 @@ pub struct RunConfig {
     pub other: serde_json::Map<String, serde_json::Value>,
 }
 
-impl RunConfig {
-    /// The configuration of a run given by `args`.
-    pub fn of(args: &crate::run::RunArgs) -> serde_json::Result<Self> {
-        serde_json::from_value(serde_json::to_value(args)?)
-    }
-}
-
 /// A cell of a comparison that could not be measured: written in place of its result.
 #[derive(Debug, Serialize, Deserialize)]
 pub struct CellFailure {
@@ -366,5 +359,44 @@ impl RunResult {
                     .find(|w| w.name == "proxy")
                     .map(|w| w.cpu_seconds)
             })
+    }
+}
+
+/// A TLS version as runs record it (and as the command line and the proxy's flags write it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, ValueEnum)]
+pub enum TlsVersionArg {
+    #[value(name = "1.2")]
+    #[serde(rename = "1.2")]
+    V12,
+    #[value(name = "1.3")]
+    #[serde(rename = "1.3")]
+    V13,
+}
+
+/// On or off, as runs record a switch (resumption, TLS verification, ...).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum OnOff {
+    On,
+    Off,
+}
+
+impl OnOff {
+    /// As the command line and the proxy's flags write it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::On => "on",
+            Self::Off => "off",
+        }
+    }
+}
+
+impl TlsVersionArg {
+    /// As the command line and the proxy's flags write it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::V12 => "1.2",
+            Self::V13 => "1.3",
+        }
     }
 }

@@ -7,7 +7,7 @@ use std::time::Duration;
 use anyhow::{anyhow, bail, Context, Result};
 use clap::{ArgAction, Args, ValueEnum};
 use proxy::crypto::{KxGroupName, Provider, ProviderName};
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
 use crate::client::http::{trust_config, Options};
@@ -40,43 +40,6 @@ pub enum PowerChoice {
     Redfish,
     Prometheus,
     None,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, ValueEnum)]
-pub enum TlsVersionArg {
-    #[value(name = "1.2")]
-    #[serde(rename = "1.2")]
-    V12,
-    #[value(name = "1.3")]
-    #[serde(rename = "1.3")]
-    V13,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, ValueEnum)]
-#[serde(rename_all = "lowercase")]
-pub enum OnOff {
-    On,
-    Off,
-}
-
-impl OnOff {
-    /// As the command line and the proxy's flags write it.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::On => "on",
-            Self::Off => "off",
-        }
-    }
-}
-
-impl TlsVersionArg {
-    /// As the command line and the proxy's flags write it.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::V12 => "1.2",
-            Self::V13 => "1.3",
-        }
-    }
 }
 
 fn redact_secret<S: serde::Serializer>(v: &Option<String>, s: S) -> Result<S::Ok, S::Error> {
@@ -346,6 +309,13 @@ pub(crate) fn serialize_opt_duration<S: serde::Serializer>(
     match v {
         Some(d) => s.collect_str(d),
         None => s.serialize_none(),
+    }
+}
+
+impl RunConfig {
+    /// The configuration of a run given by `args`, as its result records it.
+    pub fn of(args: &RunArgs) -> serde_json::Result<Self> {
+        serde_json::from_value(serde_json::to_value(args)?)
     }
 }
 

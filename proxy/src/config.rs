@@ -8,8 +8,10 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::crypto::{KxGroupName, ProviderName};
-// A listener's upstream settings are `upstream`'s types, read here from the file.
+use crate::crypto::ProviderName;
+// A listener's TLS and upstream settings are `tls`'s and `upstream`'s types, read here
+// from the file.
+pub use crate::tls::{HandshakeOffload, TlsPolicy, TlsVersion};
 pub use crate::upstream::{Balance, HealthCheckConfig, HealthCheckKind, UpstreamTlsConfig};
 
 /// Admin listener default: loopback only, so metrics and the admin API are never exposed
@@ -179,17 +181,6 @@ pub struct HandshakeConfig {
     /// Threads in the handshake pool; 0 means one per CPU.
     #[serde(default)]
     pub pool_threads: usize,
-}
-
-/// See [`HandshakeConfig::offload`].
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
-#[serde(rename_all = "lowercase")]
-pub enum HandshakeOffload {
-    /// Sign on the reactor.
-    #[default]
-    Inline,
-    /// Sign on the handshake pool.
-    Pool,
 }
 
 /// Limits and timeouts.
@@ -495,89 +486,6 @@ fn one_or_many<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<String>, D:
 /// 64-bit set).
 pub const MAX_UPSTREAM_NODES: usize = 64;
 
-/// TLS protocol versions.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
-pub enum TlsVersion {
-    /// TLS 1.2.
-    #[serde(rename = "1.2")]
-    Tls12,
-    /// TLS 1.3.
-    #[serde(rename = "1.3")]
-    Tls13,
-}
-
-impl std::fmt::Display for TlsVersion {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Self::Tls12 => "1.2",
-            Self::Tls13 => "1.3",
-        })
-    }
-}
-
-impl std::str::FromStr for TlsVersion {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s.trim_start_matches("TLS").trim_start_matches("tls").trim() {
-            "1.2" => Ok(Self::Tls12),
-            "1.3" => Ok(Self::Tls13),
-            other => Err(format!(
-                "unknown TLS version {other:?}; expected 1.2 or 1.3"
-            )),
-        }
-    }
-}
-
-/// Per-listener TLS policy.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct TlsPolicy {
-    /// Lowest protocol version accepted.
-    #[serde(default = "default_min_version")]
-    pub min_version: TlsVersion,
-    /// Highest protocol version accepted.
-    #[serde(default = "default_max_version")]
-    pub max_version: TlsVersion,
-    /// Key-exchange groups, in preference order. Unset, the production default: the
-    /// post-quantum hybrid X25519MLKEM768 where the provider has it, then X25519,
-    /// secp256r1 and secp384r1 (every group a current nginx accepts), see
-    /// [`KxGroupName::PRODUCTION_DEFAULT`]. Set, exactly these, and a group the provider
-    /// lacks is refused at start-up: a benchmark pins one group so that providers are
-    /// compared on the same handshake (aws-lc-rs would otherwise negotiate ML-KEM where
-    /// ring cannot).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub kx_groups: Option<Vec<KxGroupName>>,
-    /// Session resumption (tickets and a stateful cache). Off: every connection is a full
-    /// handshake, the worst case the benchmark is about.
-    #[serde(default = "default_true")]
-    pub resumption: bool,
-    /// When set, clients must present a certificate chaining to this CA (mTLS).
-    #[serde(default)]
-    pub client_ca: Option<PathBuf>,
-    /// ALPN protocols offered; by default h2 and http/1.1 in `http` mode, none in `tcp`.
-    #[serde(default)]
-    pub alpn: Option<Vec<String>>,
-}
-
-impl Default for TlsPolicy {
-    fn default() -> Self {
-        Self {
-            min_version: default_min_version(),
-            max_version: default_max_version(),
-            kx_groups: None,
-            resumption: true,
-            client_ca: None,
-            alpn: None,
-        }
-    }
-}
-
-fn default_min_version() -> TlsVersion {
-    TlsVersion::Tls12
-}
-fn default_max_version() -> TlsVersion {
-    TlsVersion::Tls13
-}
 fn default_true() -> bool {
     true
 }

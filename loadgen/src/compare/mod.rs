@@ -22,7 +22,8 @@ use crate::client::http::{send, Options};
 use crate::client::Protocol;
 use crate::driver::ConnectionPolicy;
 use crate::result::{Cell, CellFailure, FAILURE_SCHEMA};
-use crate::run::{self, OnOff, RunArgs, TlsVersionArg};
+use crate::result::{OnOff, TlsVersionArg};
+use crate::run::{self, RunArgs};
 use procs::{parse_cpu_list, sibling_binary, Managed};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, ValueEnum)]

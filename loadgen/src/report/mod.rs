@@ -19,7 +19,7 @@ use anyhow::{bail, Context, Result};
 use proxy::crypto::{CertAlgorithmName, ProviderName};
 
 use crate::result::{CellFailure, Measured, RunResult, FAILURE_SCHEMA, SCHEMA};
-use crate::run::{OnOff, TlsVersionArg};
+use crate::result::{OnOff, TlsVersionArg};
 
 /// Providers a ratio's baseline is chosen from: the registry's software providers.
 pub const SOFTWARE_PROVIDERS: [&str; 3] = [

@@ -12,7 +12,7 @@ use rustls::client::Resumption;
 use rustls::version::{TLS12, TLS13};
 use rustls::{ClientConfig, RootCertStore, SupportedProtocolVersion};
 
-use crate::config::TlsVersion;
+use super::TlsVersion;
 use crate::crypto::{
     load_cert_chain, load_private_key, load_roots, CryptoError, KxGroupName, Provider, ProviderName,
 };

@@ -4,6 +4,7 @@
 
 pub mod client;
 pub mod measure;
+mod settings;
 
 use std::io;
 use std::path::Path;
@@ -17,11 +18,11 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio_rustls::server::TlsStream;
 use tokio_rustls::LazyConfigAcceptor;
 
-use crate::config::{HandshakeOffload, TlsPolicy, TlsVersion};
 use crate::crypto::qat::{Fallback, QatError, QatState};
 use crate::crypto::{
     load_certified_key, load_client_ca, CryptoError, LoadedCert, Provider, ProviderName,
 };
+pub use settings::{HandshakeOffload, TlsPolicy, TlsVersion};
 
 /// Stateful session cache size: enough for a busy benchmark's clients (TLS 1.2 session
 /// ids) at a few hundred bytes each.

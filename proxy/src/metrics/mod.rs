@@ -75,50 +75,87 @@ struct NodeVecs {
 }
 
 impl NodeVecs {
-    fn register(registry: &Registry) -> Self {
+    fn register(r: &Registrar<'_>) -> Self {
         let labels = &["listener", "upstream"];
-        let counter = |name: &str, help: &str| {
-            let c = IntCounterVec::new(Opts::new(name, help), labels).expect("static metric");
-            registry.register(Box::new(c.clone())).expect("unique");
-            c
-        };
-        let gauge = |name: &str, help: &str| {
-            let g = IntGaugeVec::new(Opts::new(name, help), labels).expect("static metric");
-            registry.register(Box::new(g.clone())).expect("unique");
-            g
-        };
-        let errors = IntCounterVec::new(
-            Opts::new(
-                "proxy_upstream_node_errors_total",
-                "Failed exchanges with one upstream node, by kind (connect, connect_timeout, timeout, protocol).",
-            ),
-            &["listener", "upstream", "kind"],
-        )
-        .expect("static metric");
-        registry.register(Box::new(errors.clone())).expect("unique");
         Self {
-            requests: counter(
+            requests: r.counter_vec(
                 "proxy_upstream_node_requests_total",
                 "Requests (tcp mode: connections) sent to one upstream node, retries included.",
+                labels,
             ),
-            errors,
-            in_flight: gauge(
+            errors: r.counter_vec(
+                "proxy_upstream_node_errors_total",
+                "Failed exchanges with one upstream node, by kind (connect, connect_timeout, timeout, protocol).",
+                &["listener", "upstream", "kind"],
+            ),
+            in_flight: r.gauge_vec(
                 "proxy_upstream_node_requests_in_flight",
                 "Requests forwarded to one upstream node whose response has not finished.",
+                labels,
             ),
-            healthy: gauge(
+            healthy: r.gauge_vec(
                 "proxy_upstream_node_healthy",
                 "1 while the node's active health checks pass (or none run), 0 after unhealthy_threshold failures.",
+                labels,
             ),
-            ejected: gauge(
+            ejected: r.gauge_vec(
                 "proxy_upstream_node_ejected",
                 "1 from a failed connect to the node until it answers again or passes a health check.",
+                labels,
             ),
-            ejections: counter(
+            ejections: r.counter_vec(
                 "proxy_upstream_node_ejections_total",
                 "Times the node was ejected for a backoff after a failed connect.",
+                labels,
             ),
         }
+    }
+}
+
+/// Creates metrics and registers them in one step. The definitions are static, so a
+/// failure (a bad name, a name registered twice) is a programming error caught by the
+/// first test that starts a proxy.
+struct Registrar<'a>(&'a Registry);
+
+impl Registrar<'_> {
+    fn register<C: prometheus::core::Collector + Clone + 'static>(&self, c: C) -> C {
+        self.0
+            .register(Box::new(c.clone()))
+            .expect("metric names are unique");
+        c
+    }
+
+    fn counter(&self, name: &str, help: &str) -> IntCounter {
+        self.register(IntCounter::new(name, help).expect("static metric definition"))
+    }
+
+    fn gauge(&self, name: &str, help: &str) -> IntGauge {
+        self.register(IntGauge::new(name, help).expect("static metric definition"))
+    }
+
+    fn counter_vec(&self, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
+        self.register(
+            IntCounterVec::new(Opts::new(name, help), labels).expect("static metric definition"),
+        )
+    }
+
+    fn gauge_vec(&self, name: &str, help: &str, labels: &[&str]) -> IntGaugeVec {
+        self.register(
+            IntGaugeVec::new(Opts::new(name, help), labels).expect("static metric definition"),
+        )
+    }
+
+    fn histogram_vec(
+        &self,
+        name: &str,
+        help: &str,
+        buckets: Vec<f64>,
+        labels: &[&str],
+    ) -> HistogramVec {
+        self.register(
+            HistogramVec::new(HistogramOpts::new(name, help).buckets(buckets), labels)
+                .expect("static metric definition"),
+        )
     }
 }
 
@@ -191,122 +228,85 @@ impl Metrics {
     /// (`process_cpu_seconds_total`, `process_resident_memory_bytes`, ...).
     pub fn new() -> Self {
         let registry = Registry::new();
-        let handshakes = IntCounterVec::new(
-            Opts::new(
-                "proxy_tls_handshakes_total",
-                "TLS handshakes by provider, certificate algorithm, TLS version, resumption and outcome.",
-            ),
+        let r = Registrar(&registry);
+        let handshakes = r.counter_vec(
+            "proxy_tls_handshakes_total",
+            "TLS handshakes by provider, certificate algorithm, TLS version, resumption and outcome.",
             &["listener", "provider", "algorithm", "tls_version", "resumed", "outcome"],
-        )
-        .expect("static metric definition");
-        let handshake_failures = IntCounterVec::new(
-            Opts::new(
-                "proxy_tls_handshake_failures_total",
-                "Failed TLS handshakes by reason (timeout, eof, not_tls, incompatible, \
+        );
+        let handshake_failures = r.counter_vec(
+            "proxy_tls_handshake_failures_total",
+            "Failed TLS handshakes by reason (timeout, eof, not_tls, incompatible, \
                  alert_received, client_certificate, protocol, offload, other).",
-            ),
             &["listener", "reason"],
-        )
-        .expect("static metric definition");
-        let negotiated = IntCounterVec::new(
-            Opts::new(
-                "proxy_tls_negotiated_total",
-                "Completed TLS handshakes by what they negotiated: protocol version, cipher \
+        );
+        let negotiated = r.counter_vec(
+            "proxy_tls_negotiated_total",
+            "Completed TLS handshakes by what they negotiated: protocol version, cipher \
                  suite and key-exchange group (none on a TLS 1.2 resumption).",
-            ),
             &["listener", "tls_version", "cipher_suite", "kx_group"],
-        )
-        .expect("static metric definition");
-        let handshake_seconds = HistogramVec::new(
-            HistogramOpts::new(
-                "proxy_tls_handshake_duration_seconds",
-                "Time from accepting the TCP connection to a completed TLS handshake.",
-            )
-            .buckets(HANDSHAKE_BUCKETS.to_vec()),
+        );
+        let handshake_seconds = r.histogram_vec(
+            "proxy_tls_handshake_duration_seconds",
+            "Time from accepting the TCP connection to a completed TLS handshake.",
+            HANDSHAKE_BUCKETS.to_vec(),
             &["listener", "provider", "algorithm", "resumed"],
-        )
-        .expect("static metric definition");
-        let requests = IntCounterVec::new(
-            Opts::new(
-                "proxy_http_requests_total",
-                "Requests served, by listener, protocol (http1, h2, grpc), HTTP status and, \
+        );
+        let requests = r.counter_vec(
+            "proxy_http_requests_total",
+            "Requests served, by listener, protocol (http1, h2, grpc), HTTP status and, \
                  for gRPC, the call's grpc-status (0-16 as sent; none: the response ended \
                  without one; unknown: not a status code; empty for other protocols).",
-            ),
             &["listener", "protocol", "status", "grpc_status"],
-        )
-        .expect("static metric definition");
-        let request_seconds = HistogramVec::new(
-            HistogramOpts::new(
-                "proxy_http_request_duration_seconds",
-                "Time from receiving a request head to sending the response head.",
-            )
-            .buckets(REQUEST_BUCKETS.to_vec()),
+        );
+        let request_seconds = r.histogram_vec(
+            "proxy_http_request_duration_seconds",
+            "Time from receiving a request head to sending the response head.",
+            REQUEST_BUCKETS.to_vec(),
             &["listener", "protocol"],
-        )
-        .expect("static metric definition");
-        let upstream_response_seconds = HistogramVec::new(
-            HistogramOpts::new(
-                "proxy_upstream_response_duration_seconds",
-                "Time from handing a request to the upstream (a new connection's set-up \
+        );
+        let upstream_response_seconds = r.histogram_vec(
+            "proxy_upstream_response_duration_seconds",
+            "Time from handing a request to the upstream (a new connection's set-up \
                  included) to its response head: the upstream's own share of \
                  proxy_http_request_duration_seconds.",
-            )
-            .buckets(REQUEST_BUCKETS.to_vec()),
+            REQUEST_BUCKETS.to_vec(),
             &["listener", "upstream_protocol"],
-        )
-        .expect("static metric definition");
-        let upstream_errors = IntCounterVec::new(
-            Opts::new(
-                "proxy_upstream_errors_total",
-                "Failed upstream exchanges by kind (connect, connect_timeout, timeout, protocol).",
-            ),
+        );
+        let upstream_errors = r.counter_vec(
+            "proxy_upstream_errors_total",
+            "Failed upstream exchanges by kind (connect, connect_timeout, timeout, protocol).",
             &["listener", "kind"],
-        )
-        .expect("static metric definition");
-        let connection_errors = IntCounterVec::new(
-            Opts::new(
-                "proxy_connection_errors_total",
-                "Client connections that ended in error, by kind (handshake, handshake_timeout, http, upstream_connect, io, proxy_protocol_untrusted, proxy_protocol_malformed, proxy_protocol_eof).",
-            ),
+        );
+        let connection_errors = r.counter_vec(
+            "proxy_connection_errors_total",
+            "Client connections that ended in error, by kind (handshake, handshake_timeout, http, upstream_connect, io, proxy_protocol_untrusted, proxy_protocol_malformed, proxy_protocol_eof).",
             &["listener", "kind"],
-        )
-        .expect("static metric definition");
-        let active_connections = IntGaugeVec::new(
-            Opts::new(
-                "proxy_active_connections",
-                "Client connections currently open.",
-            ),
+        );
+        let active_connections = r.gauge_vec(
+            "proxy_active_connections",
+            "Client connections currently open.",
             &["listener"],
-        )
-        .expect("static metric definition");
-        let connections = IntCounterVec::new(
-            Opts::new("proxy_connections_total", "Client connections accepted."),
+        );
+        let connections = r.counter_vec(
+            "proxy_connections_total",
+            "Client connections accepted.",
             &["listener"],
-        )
-        .expect("static metric definition");
-        let received_bytes = IntCounterVec::new(
-            Opts::new(
-                "proxy_received_bytes_total",
-                "Bytes received from clients on the wire (TLS records included).",
-            ),
+        );
+        let received_bytes = r.counter_vec(
+            "proxy_received_bytes_total",
+            "Bytes received from clients on the wire (TLS records included).",
             &["listener"],
-        )
-        .expect("static metric definition");
-        let sent_bytes = IntCounterVec::new(
-            Opts::new(
-                "proxy_sent_bytes_total",
-                "Bytes sent to clients on the wire (TLS records included).",
-            ),
+        );
+        let sent_bytes = r.counter_vec(
+            "proxy_sent_bytes_total",
+            "Bytes sent to clients on the wire (TLS records included).",
             &["listener"],
-        )
-        .expect("static metric definition");
-        let build_info = IntGaugeVec::new(
-            Opts::new(
-                "proxy_build_info",
-                "Always 1; labels give the versions of the proxy and of the TLS libraries it \
+        );
+        let build_info = r.gauge_vec(
+            "proxy_build_info",
+            "Always 1; labels give the versions of the proxy and of the TLS libraries it \
                  runs with (OpenSSL as loaded at run time, the others as built).",
-            ),
             &[
                 "version",
                 "rustls",
@@ -316,8 +316,7 @@ impl Metrics {
                 "rustls_openssl",
                 "openssl",
             ],
-        )
-        .expect("static metric definition");
+        );
         build_info
             .with_label_values(&[
                 env!("CARGO_PKG_VERSION"),
@@ -329,155 +328,81 @@ impl Metrics {
                 openssl::version::version(),
             ])
             .set(1);
-        let listener_info = IntGaugeVec::new(
-            Opts::new(
-                "proxy_listener_info",
-                "Always 1; labels describe each listener's provider, certificate and handshake placement.",
-            ),
+        let listener_info = r.gauge_vec(
+            "proxy_listener_info",
+            "Always 1; labels describe each listener's provider, certificate and handshake placement.",
             &["listener", "provider", "algorithm", "mode", "handshake_offload"],
-        )
-        .expect("static metric definition");
-        let certificate_expiry = IntGaugeVec::new(
-            Opts::new(
-                "proxy_tls_certificate_expiry_timestamp_seconds",
-                "notAfter of each listener's certificate in effect, in seconds since the Unix epoch.",
-            ),
+        );
+        let certificate_expiry = r.gauge_vec(
+            "proxy_tls_certificate_expiry_timestamp_seconds",
+            "notAfter of each listener's certificate in effect, in seconds since the Unix epoch.",
             &["listener"],
-        )
-        .expect("static metric definition");
-        let tls_reloads = IntCounterVec::new(
-            Opts::new(
-                "proxy_tls_reloads_total",
-                "Certificate and key reloads (on SIGHUP, or when the files are replaced), by listener and outcome (ok, error: the previous configuration stays).",
-            ),
+        );
+        let tls_reloads = r.counter_vec(
+            "proxy_tls_reloads_total",
+            "Certificate and key reloads (on SIGHUP, or when the files are replaced), by listener and outcome (ok, error: the previous configuration stays).",
             &["listener", "outcome"],
-        )
-        .expect("static metric definition");
-        let config_reloads = IntCounterVec::new(
-            Opts::new(
-                "proxy_config_reloads_total",
-                "Configuration reloads (SIGHUP, or the configuration file replaced), by outcome (ok; error: the file did not check or a new listener could not start, and the configuration in effect stays).",
-            ),
+        );
+        let config_reloads = r.counter_vec(
+            "proxy_config_reloads_total",
+            "Configuration reloads (SIGHUP, or the configuration file replaced), by outcome (ok; error: the file did not check or a new listener could not start, and the configuration in effect stays).",
             &["outcome"],
-        )
-        .expect("static metric definition");
-        let connection_closes = IntCounterVec::new(
-            Opts::new(
-                "proxy_connection_closes_total",
-                "Client connections the proxy closed on a deadline or a limit, by reason (no_first_request, idle, stalled, max_age, reset_flood; drain_deadline: still open after the drain timeout, closed hard).",
-            ),
+        );
+        let connection_closes = r.counter_vec(
+            "proxy_connection_closes_total",
+            "Client connections the proxy closed on a deadline or a limit, by reason (no_first_request, idle, stalled, max_age, reset_flood; drain_deadline: still open after the drain timeout, closed hard).",
             &["listener", "reason"],
-        )
-        .expect("static metric definition");
-        let upstream_rejected = IntCounterVec::new(
-            Opts::new(
-                "proxy_upstream_rejected_total",
-                "Requests answered 503 (gRPC RESOURCE_EXHAUSTED) because the upstream already had limits.max_upstream_requests in flight.",
-            ),
+        );
+        let upstream_rejected = r.counter_vec(
+            "proxy_upstream_rejected_total",
+            "Requests answered 503 (gRPC RESOURCE_EXHAUSTED) because the upstream already had limits.max_upstream_requests in flight.",
             &["listener"],
-        )
-        .expect("static metric definition");
-        let upstream_in_flight = IntGaugeVec::new(
-            Opts::new(
-                "proxy_upstream_requests_in_flight",
-                "Requests forwarded to the upstream whose response has not finished.",
-            ),
+        );
+        let upstream_in_flight = r.gauge_vec(
+            "proxy_upstream_requests_in_flight",
+            "Requests forwarded to the upstream whose response has not finished.",
             &["listener"],
-        )
-        .expect("static metric definition");
-        let client_errors = IntCounterVec::new(
-            Opts::new(
-                "proxy_client_errors_total",
-                "Requests refused or cut for the client's fault, by kind (body: a malformed or cut body; method: CONNECT).",
-            ),
+        );
+        let client_errors = r.counter_vec(
+            "proxy_client_errors_total",
+            "Requests refused or cut for the client's fault, by kind (body: a malformed or cut body; method: CONNECT).",
             &["listener", "kind"],
-        )
-        .expect("static metric definition");
-        let buffer_budget = IntGauge::new(
+        );
+        let buffer_budget = r.gauge(
             "proxy_request_buffer_budget_bytes",
             "limits.request_buffer_budget: request bytes the proxy may hold across all connections.",
-        )
-        .expect("static metric definition");
-        let buffer_reserved = IntGauge::new(
+        );
+        let buffer_reserved = r.gauge(
             "proxy_request_buffer_reserved_bytes",
             "Request buffer set aside for every connection's and upstream request's floor plus the HTTP/2 receive windows granted above it.",
-        )
-        .expect("static metric definition");
-        let admin_refusals = IntCounterVec::new(
-            Opts::new(
-                "proxy_admin_refusals_total",
-                "Admin connections or requests refused, by reason (connections: over admin.max_connections; token: missing or wrong bearer token).",
-            ),
+        );
+        let admin_refusals = r.counter_vec(
+            "proxy_admin_refusals_total",
+            "Admin connections or requests refused, by reason (connections: over admin.max_connections; token: missing or wrong bearer token).",
             &["reason"],
-        )
-        .expect("static metric definition");
-        let log_suppressed = IntCounter::new(
+        );
+        let log_suppressed = r.counter(
             "proxy_log_lines_suppressed_total",
             "Log lines caused by remote peers that were dropped by the log rate limit.",
-        )
-        .expect("static metric definition");
-        let upstream_retries = IntCounterVec::new(
-            Opts::new(
-                "proxy_upstream_retries_total",
-                "Requests (tcp mode: connections) sent to another upstream node because connecting to the one picked first failed; nothing had been sent to it.",
-            ),
+        );
+        let upstream_retries = r.counter_vec(
+            "proxy_upstream_retries_total",
+            "Requests (tcp mode: connections) sent to another upstream node because connecting to the one picked first failed; nothing had been sent to it.",
             &["listener"],
-        )
-        .expect("static metric definition");
-        let nodes = NodeVecs::register(&registry);
-        let sni_certificates = IntGaugeVec::new(
-            Opts::new(
-                "proxy_tls_sni_certificate_expiry_timestamp_seconds",
-                "notAfter of each SNI certificate of a listener (by its server names and algorithm), in seconds since the Unix epoch.",
-            ),
+        );
+        let nodes = NodeVecs::register(&r);
+        let sni_certificates = r.gauge_vec(
+            "proxy_tls_sni_certificate_expiry_timestamp_seconds",
+            "notAfter of each SNI certificate of a listener (by its server names and algorithm), in seconds since the Unix epoch.",
             &["listener", "server_names", "algorithm"],
-        )
-        .expect("static metric definition");
-        registry
-            .register(Box::new(sni_certificates.clone()))
-            .expect("metric names are unique");
+        );
         let access_log = [
             ("proxy_access_log_lines_total", "Access log lines written."),
             ("proxy_access_log_dropped_total", "Access log lines dropped because the writer's queue was full (the log's disk slower than the traffic)."),
             ("proxy_access_log_write_errors_total", "Failed writes or reopens of the access log."),
         ]
-        .map(|(name, help)| {
-            let c = IntCounter::new(name, help).expect("static metric definition");
-            registry.register(Box::new(c.clone())).expect("metric names are unique");
-            c
-        });
+        .map(|(name, help)| r.counter(name, help));
 
-        for c in [
-            Box::new(handshakes.clone()) as Box<dyn prometheus::core::Collector>,
-            Box::new(handshake_failures.clone()),
-            Box::new(build_info),
-            Box::new(negotiated.clone()),
-            Box::new(upstream_retries.clone()),
-            Box::new(connection_closes.clone()),
-            Box::new(upstream_rejected.clone()),
-            Box::new(upstream_in_flight.clone()),
-            Box::new(client_errors.clone()),
-            Box::new(buffer_budget.clone()),
-            Box::new(buffer_reserved.clone()),
-            Box::new(admin_refusals.clone()),
-            Box::new(log_suppressed.clone()),
-            Box::new(handshake_seconds.clone()),
-            Box::new(requests.clone()),
-            Box::new(request_seconds.clone()),
-            Box::new(upstream_response_seconds.clone()),
-            Box::new(upstream_errors.clone()),
-            Box::new(connection_errors.clone()),
-            Box::new(active_connections.clone()),
-            Box::new(connections.clone()),
-            Box::new(received_bytes.clone()),
-            Box::new(sent_bytes.clone()),
-            Box::new(listener_info.clone()),
-            Box::new(certificate_expiry.clone()),
-            Box::new(tls_reloads.clone()),
-            Box::new(config_reloads.clone()),
-        ] {
-            registry.register(c).expect("metric names are unique");
-        }
         let process = ProcessMetrics::register(&registry);
         Self {
             registry,

@@ -2,7 +2,10 @@
 //! the ingestion flow, persistence across a restart, and bad input answered with Qdrant's
 //! errors while the server keeps serving.
 
+use std::process::{Command, Stdio};
+
 use e2e::*;
+use proxy::crypto::CertAlgorithmName;
 use qdrant_client::qdrant::{
     CountPointsBuilder, CreateCollectionBuilder, Distance, GetPointsBuilder, PointStruct,
     QueryPointsBuilder, UpsertPointsBuilder, VectorParamsBuilder,
@@ -253,4 +256,28 @@ fn rest_flow_restart_and_bad_input() {
     assert_eq!(v["result"]["exists"], false);
     drop(server);
     std::fs::remove_dir_all(&data).ok();
+}
+
+/// `--tls-cert/--tls-key` that do not form a pair, or a missing file, stop the server at
+/// start with an error that names the flag; nothing is served.
+#[test]
+fn in_process_tls_refuses_a_mismatched_or_missing_key() {
+    let (p256_cert, _) = server_cert(CertAlgorithmName::EcdsaP256);
+    let (_, rsa_key) = server_cert(CertAlgorithmName::Rsa2048);
+    let missing = temp_dir("eq-tls-missing").join("absent.key");
+    for (key, expect) in [(&rsa_key, "do not form a pair"), (&missing, "--tls-key")] {
+        let out = Command::new(binary("embedded-qdrant"))
+            .args(["--rest", "127.0.0.1:0", "--grpc", "127.0.0.1:0", "--data"])
+            .arg(temp_dir("eq-tls-bad"))
+            .arg("--tls-cert")
+            .arg(&p256_cert)
+            .arg("--tls-key")
+            .arg(key)
+            .stdin(Stdio::null())
+            .output()
+            .expect("run embedded-qdrant");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{stderr}");
+        assert!(stderr.contains(expect), "{expect:?} not in: {stderr}");
+    }
 }

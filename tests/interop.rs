@@ -61,13 +61,24 @@ fn run_bounded(cmd: &mut Command, what: &str) -> (bool, String) {
 }
 
 /// The official client's whole ingestion API (tests/interop/qdrant_client_calls.py) over
-/// REST and gRPC, against embedded-qdrant directly and through the proxy at its defaults,
-/// with the proxy's certificate verified against the test CA.
+/// REST and gRPC, against embedded-qdrant directly, through the proxy at its defaults, and
+/// against embedded-qdrant terminating TLS itself (`--tls-cert/--tls-key`, as Qdrant's
+/// `service.enable_tls`), each TLS server's certificate verified against the test CA.
 #[test]
 fn official_python_client_direct_and_through_the_proxy() {
     let python = venv_python("qdrant-client");
     let eq = EmbeddedQdrant::start(&temp_dir("interop-eq"));
     let alg = CertAlgorithmName::EcdsaP256;
+    let (cert, key) = server_cert(alg);
+    let eq_tls = EmbeddedQdrant::start_with(
+        &temp_dir("interop-eq-tls"),
+        &[
+            "--tls-cert",
+            cert.to_str().unwrap(),
+            "--tls-key",
+            key.to_str().unwrap(),
+        ],
+    );
     let rest = ProxyProcess::start(
         &format!("http://{}", eq.rest),
         ProviderName::AwsLcRs,
@@ -90,6 +101,13 @@ fn official_python_client_direct_and_through_the_proxy() {
             "localhost",
             rest.addr.port(),
             grpc.addr.port(),
+            true,
+        ),
+        (
+            "in-process TLS",
+            "localhost",
+            eq_tls.rest.port(),
+            eq_tls.grpc.port(),
             true,
         ),
     ] {

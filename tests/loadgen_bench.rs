@@ -53,17 +53,37 @@ fn bench_measures_every_row_for_the_proxy_and_both_peers() {
         .iter()
         .map(|c| c.as_str().unwrap())
         .collect();
-    assert_eq!(columns, ["proxy aws-lc-rs", "nginx", "haproxy"]);
+    // One worker each, then each at its defaults.
+    assert_eq!(
+        columns,
+        [
+            "proxy aws-lc-rs",
+            "nginx",
+            "haproxy",
+            "proxy aws-lc-rs (defaults)",
+            "nginx (defaults)",
+            "haproxy (defaults)"
+        ]
+    );
     let rows = json["rows"].as_array().unwrap();
-    // 4 handshake rows, 3 bulk with their kernel shares, 2 x 2 idle, first response, 2
-    // latency.
-    assert_eq!(rows.len(), 17, "{rows:#?}");
+    // 4 handshake rows, 2 new-connection upserts and 3 bulk with their kernel shares, 2 x 2
+    // idle per client (rustls, OpenSSL), first response, 2 latency.
+    assert_eq!(rows.len(), 25, "{rows:#?}");
+    let names: Vec<&str> = rows.iter().map(|r| r["name"].as_str().unwrap()).collect();
+    for name in [
+        "new TLS connection + one 800 KB JSON upsert, HTTP/1.1, ecdsa-p256",
+        "new TLS connection + one 416 KB gRPC upsert, h2, ecdsa-p256",
+        "RSS per idle TLS connection, 40 open, rustls client",
+        "RSS per idle TLS connection, 40 open, OpenSSL client",
+    ] {
+        assert!(names.contains(&name), "{name} missing: {names:#?}");
+    }
     for row in rows {
         let name = row["name"].as_str().unwrap();
         for column in &columns {
             let figure = &row["figures"][column];
             let rustls_only = name.contains("in-memory");
-            if rustls_only && *column != "proxy aws-lc-rs" {
+            if rustls_only && !column.starts_with("proxy aws-lc-rs") {
                 assert_eq!(figure["reason"], "not rustls", "{name} / {column}");
                 continue;
             }
@@ -99,17 +119,34 @@ fn bench_measures_every_row_for_the_proxy_and_both_peers() {
             assert!(kernel < total, "{name} / {column}: {kernel} of {total}");
         }
     }
-    // One round: each ratio is the figure over nginx's.
+    // One round: each ratio is the figure over nginx's in the same set-up.
     let p256 = rows
         .iter()
         .find(|r| r["name"] == "new TLS connection + tiny GET, ecdsa-p256")
         .unwrap();
-    let nginx = p256["figures"]["nginx"].as_f64().unwrap();
-    for column in ["proxy aws-lc-rs", "haproxy"] {
-        let ratio = p256["ratios_to_nginx"][column].as_f64().unwrap();
-        let figure = p256["figures"][column].as_f64().unwrap();
-        assert!((ratio - figure / nginx).abs() < 1e-9, "{column}: {ratio}");
+    for (nginx, others) in [
+        ("nginx", ["proxy aws-lc-rs", "haproxy"]),
+        (
+            "nginx (defaults)",
+            ["proxy aws-lc-rs (defaults)", "haproxy (defaults)"],
+        ),
+    ] {
+        let nginx = p256["figures"][nginx].as_f64().unwrap();
+        for column in others {
+            let ratio = p256["ratios_to_nginx"][column].as_f64().unwrap();
+            let figure = p256["figures"][column].as_f64().unwrap();
+            assert!((ratio - figure / nginx).abs() < 1e-9, "{column}: {ratio}");
+        }
     }
+    // Each set-up is what its columns say: one worker, or each terminator's own default.
+    let work = out.join("work");
+    let read = |p: &str| std::fs::read_to_string(work.join(p)).expect(p);
+    assert!(read("nginx/nginx.conf").contains("worker_processes 1;"));
+    assert!(read("nginx-defaults/nginx.conf").contains("worker_processes auto;"));
+    assert!(read("haproxy/haproxy.cfg").contains("nbthread 1"));
+    assert!(!read("haproxy-defaults/haproxy.cfg").contains("nbthread"));
+    assert!(read("proxy-aws-lc-rs.toml").contains("worker_threads = 1\n"));
+    assert!(read("proxy-aws-lc-rs-defaults.toml").contains("worker_threads = 0\n"));
     let first = rows
         .iter()
         .find(|r| r["name"].as_str().unwrap().starts_with("first response"))
@@ -128,6 +165,6 @@ fn bench_measures_every_row_for_the_proxy_and_both_peers() {
         .lines()
         .find(|l| l.starts_with("| new TLS connection + tiny GET, ecdsa-p256"))
         .expect("P-256 row");
-    // Ours and HAProxy carry a ratio to nginx; nginx's own cell does not.
-    assert_eq!(p256.matches("x) |").count(), 2, "{p256}");
+    // Ours and HAProxy carry a ratio to nginx, in both set-ups; nginx's own cells do not.
+    assert_eq!(p256.matches("x) |").count(), 4, "{p256}");
 }

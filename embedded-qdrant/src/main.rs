@@ -9,6 +9,7 @@ mod grpc_filter;
 mod grpc_stubs;
 mod rest;
 mod store;
+mod tls;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -54,6 +55,13 @@ struct Args {
     /// and gRPC UNAUTHENTICATED without it.
     #[arg(long, env = "QDRANT__SERVICE__API_KEY", hide_env_values = true)]
     api_key: Option<String>,
+    /// Serve both ports over TLS with this certificate chain (PEM), terminated in process
+    /// by rustls with ring, as Qdrant's `service.enable_tls` with `tls.cert`.
+    #[arg(long, requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// The private key (PEM) of `--tls-cert`.
+    #[arg(long, requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
 }
 
 fn main() -> std::process::ExitCode {
@@ -90,6 +98,14 @@ async fn run(args: Args) -> anyhow::Result<()> {
         Some(k) => Some(auth::ApiKey::new(k.to_owned())),
         None => None,
     };
+    // TLS first: a bad certificate or key is refused before anything is opened.
+    let (rest_tls, grpc_tls) = match (&args.tls_cert, &args.tls_key) {
+        (Some(cert), Some(key)) => (
+            Some(tls::rest_acceptor(cert, key)?),
+            Some(tls::grpc_config(cert, key)?),
+        ),
+        _ => (None, None),
+    };
     let store = Arc::new(tokio::task::block_in_place(|| {
         store::Store::open(&args.data)
     })?);
@@ -111,6 +127,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
             operation_ids: operation_ids.clone(),
             api_key: api_key.clone(),
         }),
+        rest_tls,
         shutdown.clone(),
     ));
     let check_key = move |req: tonic::Request<()>| match &api_key {
@@ -132,8 +149,14 @@ async fn run(args: Args) -> anyhow::Result<()> {
     health
         .set_service_status("", tonic_health::ServingStatus::Serving)
         .await;
+    let mut grpc_server = tonic::transport::Server::builder();
+    if let Some(config) = grpc_tls {
+        grpc_server = grpc_server
+            .tls_config(config)
+            .map_err(|e| anyhow::anyhow!("--tls-cert/--tls-key for gRPC: {e}"))?;
+    }
     let grpc_task = tokio::spawn(
-        tonic::transport::Server::builder()
+        grpc_server
             .add_service(health_service)
             // Qdrant's own service (health check, version) needs no key, as in Qdrant.
             .add_service(
@@ -163,12 +186,12 @@ async fn run(args: Args) -> anyhow::Result<()> {
             ),
     );
     if let Some(path) = &args.ready_file {
-        let doc = serde_json::json!({"rest": rest_addr.to_string(), "grpc": grpc_addr.to_string(), "pid": std::process::id()});
+        let doc = serde_json::json!({"rest": rest_addr.to_string(), "grpc": grpc_addr.to_string(), "pid": std::process::id(), "tls": args.tls_cert.is_some()});
         let tmp = path.with_extension("tmp");
         std::fs::write(&tmp, doc.to_string())?;
         std::fs::rename(&tmp, path)?;
     }
-    tracing::info!(rest = %rest_addr, grpc = %grpc_addr, data = %args.data.display(), "embedded-qdrant serving");
+    tracing::info!(rest = %rest_addr, grpc = %grpc_addr, data = %args.data.display(), tls = args.tls_cert.is_some(), "embedded-qdrant serving");
 
     let signal = wait_for_signal().await;
     tracing::info!(

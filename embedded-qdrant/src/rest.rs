@@ -43,8 +43,14 @@ pub struct Rest {
 
 type Reply = Response<Full<Bytes>>;
 
-/// Serves until `shutdown` fires (in-flight requests finish).
-pub async fn serve(listener: TcpListener, rest: Arc<Rest>, shutdown: CancellationToken) {
+/// Serves until `shutdown` fires (in-flight requests finish); over TLS when `tls` is given,
+/// each handshake in its connection's own task, so a slow client holds up nobody else.
+pub async fn serve(
+    listener: TcpListener,
+    rest: Arc<Rest>,
+    tls: Option<tokio_rustls::TlsAcceptor>,
+    shutdown: CancellationToken,
+) {
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
     loop {
         let (stream, _peer): (_, SocketAddr) = tokio::select! {
@@ -64,13 +70,38 @@ pub async fn serve(listener: TcpListener, rest: Arc<Rest>, shutdown: Cancellatio
             let rest = rest.clone();
             async move { Ok::<_, Infallible>(rest.handle(req).await) }
         });
-        let conn = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
-            .serve_connection(TokioIo::new(stream), svc)
-            .into_owned();
-        let conn = graceful.watch(conn);
-        tokio::spawn(async move {
-            let _ = conn.await;
-        });
+        let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+        match &tls {
+            None => {
+                let conn = graceful.watch(
+                    builder
+                        .serve_connection(TokioIo::new(stream), svc)
+                        .into_owned(),
+                );
+                tokio::spawn(async move {
+                    let _ = conn.await;
+                });
+            }
+            Some(acceptor) => {
+                let accept = acceptor.accept(stream);
+                let watcher = graceful.watcher();
+                tokio::spawn(async move {
+                    let stream =
+                        match tokio::time::timeout(crate::tls::HANDSHAKE_TIMEOUT, accept).await {
+                            Ok(Ok(s)) => s,
+                            Ok(Err(e)) => {
+                                tracing::debug!(error = %e, "REST TLS handshake failed");
+                                return;
+                            }
+                            Err(_) => return,
+                        };
+                    let conn = builder
+                        .serve_connection(TokioIo::new(stream), svc)
+                        .into_owned();
+                    let _ = watcher.watch(conn).await;
+                });
+            }
+        }
     }
     let _ = tokio::time::timeout(std::time::Duration::from_secs(30), graceful.shutdown()).await;
 }

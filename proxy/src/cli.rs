@@ -555,6 +555,9 @@ fn run(args: RunArgs) -> ExitCode {
         Err(e) => return fail(2, &e),
     };
     init_logging(&config.log_level, config.log_format);
+    if !crate::allocator::keep_connection_buffers() {
+        tracing::debug!("allocator thresholds left as they are (set by MALLOC_* or not glibc)");
+    }
     let mut rt = tokio::runtime::Builder::new_multi_thread();
     rt.enable_all().thread_name("proxy-worker");
     if config.worker_threads > 0 {

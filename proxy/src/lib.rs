@@ -18,17 +18,19 @@
 //! - [`http`] L7 forwarding; [`tcp`] the L4 splice; [`upstream`] the nodes, balancing,
 //!   health checks and upstream TLS; [`io`] deadlines and byte accounting;
 //! - [`admin`] /metrics, /healthz, /readyz and the switch API; [`metrics`] every metric;
-//!   [`access_log`] one line per request; [`ratelog`] rate-limited peer log lines.
+//!   [`access_log`] one line per request; [`ratelog`] rate-limited peer log lines;
+//! - [`allocator`] the C allocator's thresholds, so connections reuse freed buffers.
 
 // Unsafe code is confined to the OpenSSL calls that rustls-openssl and the openssl crate
 // do not expose, all in `crypto::qat`: `ffi` (the provider and ASYNC job bindings) and
-// `signer` (the asynchronous signing thread that drives them); each allows it for itself
-// and says why at the block.
+// `signer` (the asynchronous signing thread that drives them), and to glibc's `mallopt`
+// in `allocator`; each allows it for itself and says why at the block.
 #![deny(unsafe_code)]
 #![deny(missing_docs)]
 
 pub mod access_log;
 pub mod admin;
+pub mod allocator;
 pub mod assemble;
 pub mod cli;
 pub mod config;

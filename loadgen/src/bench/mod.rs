@@ -1,11 +1,14 @@
 //! `loadgen bench`: the terminator benchmark. Our proxy (per provider), nginx and HAProxy
 //! are put side by side in front of one plaintext sink with the same certificates and TLS
-//! policy (TLS 1.3, X25519, no resumption), and each terminator's own CPU (user + system,
-//! its whole process tree, from /proc) is divided by the work it did: per new connection
-//! with a tiny request per certificate algorithm, per MB of keep-alive bulk over HTTP/1.1,
-//! h2 and gRPC; its resident memory per idle TLS connection; the first-response delay for a
-//! client that keeps Nagle on; and the latency it adds to one large request at a time.
-//! Every figure is printed with its ratio to nginx's, measured in the same run.
+//! policy (TLS 1.3, X25519, no resumption), each with one worker and again at its own
+//! defaults, and each terminator's own CPU (user + system, its whole process tree, from
+//! /proc) is divided by the work it did: per new connection with a tiny request, and per
+//! new connection carrying one UPSERT_100 body (the mission's unit of work), per
+//! certificate algorithm; per MB of keep-alive bulk over HTTP/1.1, h2 and gRPC; its
+//! resident memory per idle TLS connection, for a rustls and an OpenSSL client; the
+//! first-response delay for a client that keeps Nagle on; and the latency it adds to one
+//! large request at a time. Every figure is printed with its ratio to nginx's in the same
+//! set-up, measured in the same run.
 //!
 //! Submodules: [`sink`] (the upstream), [`terminators`] (starting and measuring them),
 //! [`workloads`] (the client side of each row).
@@ -30,7 +33,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::compare::procs::sibling_binary;
 use crate::probe::cpu::CpuSplit;
-use terminators::{Certs, Peer, Terminator};
+use sink::SinkMode;
+use terminators::{Certs, Peer, Setup, Terminator};
 use workloads::{Bulk, Clients};
 
 /// HTTP/2 windows of the sink and the bench's clients: as large as the proxy's own, so
@@ -55,6 +59,9 @@ const LATENCY_BODY: usize = 800 * 1024;
 pub enum Part {
     /// A new TLS connection per tiny GET, per certificate algorithm.
     Handshake,
+    /// A new TLS connection carrying one UPSERT_100 body, then closed, per certificate
+    /// algorithm: 800 KB JSON over HTTP/1.1, and 416 KB gRPC over h2.
+    Upsert,
     /// Keep-alive uploads: h2 and HTTP/1.1 JSON to an HTTP/1.1 upstream, gRPC to h2c.
     Bulk,
     /// Resident memory per idle TLS connection.
@@ -63,6 +70,25 @@ pub enum Part {
     FirstResponse,
     /// Mean time of one 800 KB h2 request at concurrency 1, against the direct path.
     Latency,
+}
+
+/// A TLS client of the idle rows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, ValueEnum, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum IdleClient {
+    /// rustls with aws-lc-rs, as every other row's client.
+    Rustls,
+    /// OpenSSL's client at its stock settings.
+    Openssl,
+}
+
+impl IdleClient {
+    fn as_str(self) -> &'static str {
+        match self {
+            Self::Rustls => "rustls",
+            Self::Openssl => "OpenSSL",
+        }
+    }
 }
 
 #[derive(Args, Debug)]
@@ -89,9 +115,20 @@ pub struct BenchArgs {
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "handshake,bulk,idle,first-response,latency"
+        default_value = "handshake,upsert,bulk,idle,first-response,latency"
     )]
     pub parts: Vec<Part>,
+    /// The set-ups every terminator runs in, each a set of columns compared with nginx in
+    /// the same set-up: one worker each, and each at its own defaults.
+    #[arg(long, value_delimiter = ',', default_value = "one-worker,defaults")]
+    pub setups: Vec<Setup>,
+    /// The clients of the idle rows: rustls (the client of every other row) and OpenSSL
+    /// (as Python's `ssl`, curl and most clients outside Rust).
+    #[arg(long, value_delimiter = ',', default_value = "rustls,openssl")]
+    pub idle_clients: Vec<IdleClient>,
+    /// When the sink answers an upload: after reading it whole (as Qdrant does), or at once.
+    #[arg(long, value_enum, default_value = "read-body")]
+    pub sink: SinkMode,
     /// Measured time of each timed row, per terminator.
     #[arg(long, default_value = "4s", value_parser = humantime::parse_duration)]
     pub duration: Duration,
@@ -116,14 +153,14 @@ pub struct BenchArgs {
     /// The proxy binary (default: next to this loadgen).
     #[arg(long)]
     pub proxy_bin: Option<PathBuf>,
-    /// The proxy's worker threads. One by default, as the peers run (nginx
-    /// `worker_processes 1`, HAProxy `nbthread 1`), so every column is one worker's cost
-    /// per unit of work; 0 is the proxy's own default, one per CPU.
+    /// The proxy's worker threads in the one-worker set-up. One by default, as the peers
+    /// run there (nginx `worker_processes 1`, HAProxy `nbthread 1`), so every column is one
+    /// worker's cost per unit of work; 0 is the proxy's own default, one per CPU.
     #[arg(long, default_value_t = 1)]
     pub proxy_worker_threads: usize,
     /// Rounds: every terminator is measured once per round, interleaved; each figure is
     /// the median over the rounds, every round's value in bench.json (idle memory is
-    /// measured in the first round only).
+    /// measured once, after the rounds, on a freshly started terminator per client).
     #[arg(long, default_value_t = 1)]
     pub repeat: usize,
     /// Upstream nodes behind every terminator: that many sinks (one process, separate
@@ -230,28 +267,40 @@ impl Row {
         }
         // Ratios pair the columns round by round: a machine that slows down between rounds
         // slows every column of that round alike, and the pairing cancels it, where a ratio
-        // of two medians from different rounds would not.
-        if let Some(nginx) = self
-            .by_round
-            .get(NGINX)
-            .filter(|_| !self.name.starts_with("  "))
-        {
-            for (c, values) in &self.by_round {
-                let paired: Vec<f64> = values
-                    .iter()
-                    .filter_map(|(round, v)| Some(v / nginx.get(round).filter(|n| **n > 0.0)?))
-                    .collect();
-                if c != NGINX && !paired.is_empty() {
-                    self.ratios_to_nginx.insert(c.clone(), median(&paired));
-                }
+        // of two medians from different rounds would not. Each column is paired with nginx
+        // in its own set-up.
+        if self.name.starts_with("  ") {
+            return self;
+        }
+        for (c, values) in &self.by_round {
+            let baseline = baseline_of(c);
+            let Some(nginx) = self.by_round.get(&baseline) else {
+                continue;
+            };
+            let paired: Vec<f64> = values
+                .iter()
+                .filter_map(|(round, v)| Some(v / nginx.get(round).filter(|n| **n > 0.0)?))
+                .collect();
+            if *c != baseline && !paired.is_empty() {
+                self.ratios_to_nginx.insert(c.clone(), median(&paired));
             }
         }
         self
     }
 }
 
-/// The column every ratio is to.
+/// The column every ratio is to, in the one-worker set-up.
 const NGINX: &str = "nginx";
+
+/// The column `column`'s ratios are to: nginx in the same set-up.
+fn baseline_of(column: &str) -> String {
+    let suffix = Setup::Defaults.suffix();
+    if column.ends_with(suffix) {
+        format!("{NGINX}{suffix}")
+    } else {
+        NGINX.to_owned()
+    }
+}
 
 /// The median (the mean of the middle two for an even count).
 fn median(values: &[f64]) -> f64 {
@@ -386,6 +435,9 @@ pub async fn execute(args: &BenchArgs, stop: CancellationToken) -> Result<BenchR
             other => bail!("--peers: unknown peer {other:?} (nginx, haproxy or none)"),
         })
         .collect::<Result<_>>()?;
+    if args.setups.is_empty() {
+        bail!("--setups: name at least one (one-worker, defaults)");
+    }
     let proxy_bin = args
         .proxy_bin
         .clone()
@@ -403,31 +455,207 @@ pub async fn execute(args: &BenchArgs, stop: CancellationToken) -> Result<BenchR
     let sink_stop = stop.child_token();
     let mut sinks = Vec::with_capacity(usize::from(args.upstream_nodes));
     for _ in 0..args.upstream_nodes {
-        sinks.push(sink::start(sink_stop.clone()).await?);
+        sinks.push(sink::start(sink_stop.clone(), args.sink).await?);
     }
     // The direct path is measured against the first.
     let sink = sinks[0];
     eprintln!(
-        "sink on {}",
+        "sink on {} ({:?})",
         sinks
             .iter()
             .map(ToString::to_string)
             .collect::<Vec<_>>()
-            .join(", ")
+            .join(", "),
+        args.sink
     );
 
-    // Columns: our providers, then the peers.
-    let mut columns: Vec<String> = args
-        .providers
+    // Columns: per set-up, our providers, then the peers.
+    let mut setups = args.setups.clone();
+    setups.sort();
+    setups.dedup();
+    let peer_bins: Vec<(Peer, Result<PathBuf, String>)> = peers
         .iter()
-        .map(|p| format!("proxy {}", p.as_str()))
+        .map(|&p| {
+            (
+                p,
+                terminators::ensure_installed(p).map_err(|e| format!("{e:#}")),
+            )
+        })
         .collect();
-    let peer_bins: Vec<(Peer, Result<PathBuf>)> = peers
-        .iter()
-        .map(|&p| (p, terminators::ensure_installed(p)))
-        .collect();
-    columns.extend(peers.iter().map(|p| p.as_str().to_owned()));
+    let mut specs = Vec::new();
+    for setup in setups {
+        for p in &args.providers {
+            specs.push(ColumnSpec {
+                label: format!("proxy {}{}", p.as_str(), setup.suffix()),
+                setup,
+                which: Which::Ours(*p),
+            });
+        }
+        for (p, bin) in &peer_bins {
+            specs.push(ColumnSpec {
+                label: format!("{}{}", p.as_str(), setup.suffix()),
+                setup,
+                which: Which::Peer(*p, bin.clone()),
+            });
+        }
+    }
+    let columns: Vec<String> = specs.iter().map(|c| c.label.clone()).collect();
 
+    let (keys, mut rows, order) = declare_rows(args);
+    let rest_body = json_body(REST_BODY);
+    let grpc_body = grpc_body(GRPC_BODY);
+    let latency_body = json_body(LATENCY_BODY);
+    let direct_latency = if keys.latency.is_some() {
+        let io = tokio::net::TcpStream::connect(sink).await?;
+        io.set_nodelay(true)?;
+        let mut sender = workloads::Sender::over(io, true).await?;
+        let d = workloads::mean_latency(
+            &mut sender,
+            &latency_body,
+            &sink.to_string(),
+            20,
+            args.latency_requests,
+            args.duration * 3,
+        )
+        .await
+        .context("the direct path to the sink")?;
+        eprintln!("direct path: {:.3} ms per 800 KB request", ms(d));
+        Some(d)
+    } else {
+        None
+    };
+
+    let policy = TlsPolicy {
+        resumption: false,
+        ..TlsPolicy::default()
+    };
+    let ctx = StartContext {
+        args,
+        proxy_bin: &proxy_bin,
+        certs: &certs,
+        sinks: &sinks,
+        work: &work,
+    };
+    // Every terminator is started first and measured in interleaved rounds (each once per
+    // round), so drift on a shared machine hits every column alike; an idle terminator
+    // costs nothing meanwhile.
+    let mut started: Vec<(String, Option<Terminator>)> = Vec::new();
+    for spec in &specs {
+        let label = spec.label.clone();
+        match spec.start(&ctx) {
+            Ok(t) => {
+                eprintln!("{label}: pid {}", t.pid());
+                started.push((label, Some(t)));
+            }
+            Err(e) => {
+                eprintln!("{label}: not measured: {e:#}");
+                for r in rows.values_mut() {
+                    r.set(&label, Err(anyhow::anyhow!("did not start: {e:#}")));
+                }
+                started.push((label, None));
+            }
+        }
+    }
+    let bodies = Bodies {
+        rest: &rest_body,
+        grpc: &grpc_body,
+        latency: &latency_body,
+    };
+    for round in 1..=args.repeat.max(1) {
+        if args.repeat > 1 {
+            eprintln!("round {round} of {}", args.repeat);
+        }
+        for row in rows.values_mut() {
+            row.round = round;
+        }
+        for (label, t) in started.iter_mut() {
+            let Some(t) = t.as_mut() else { continue };
+            if stop.is_cancelled() || !t.alive() {
+                continue;
+            }
+            measure(
+                args,
+                t,
+                label,
+                &keys,
+                &mut rows,
+                &clients,
+                &certs,
+                &policy,
+                &bodies,
+                direct_latency,
+                &stop,
+            )
+            .await;
+            if !t.alive() {
+                eprintln!("{label}: died during the benchmark: {}", t.log_tail());
+                for r in rows.values_mut() {
+                    r.set(label, Err(anyhow::anyhow!("died: {}", t.log_tail())));
+                }
+            }
+        }
+    }
+    let mut failed_to_start = std::collections::BTreeSet::new();
+    for (label, t) in started {
+        match t {
+            Some(t) => t.stop(),
+            None => {
+                failed_to_start.insert(label);
+            }
+        }
+    }
+    for row in rows.values_mut() {
+        row.round = 1;
+    }
+    for (client, per_n) in &keys.idle {
+        for spec in specs.iter().filter(|s| !failed_to_start.contains(&s.label)) {
+            if stop.is_cancelled() {
+                break;
+            }
+            measure_idle(&ctx, spec, *client, per_n, &mut rows, &clients).await;
+        }
+    }
+    sink_stop.cancel();
+
+    let result = BenchResult {
+        columns,
+        rows: order
+            .iter()
+            .filter_map(|k| rows.remove(k))
+            .map(Row::finish)
+            .collect(),
+        settings: serde_json::json!({
+            "tls": "1.3", "kx": "x25519", "resumption": false,
+            "client": "rustls aws-lc-rs, its stock cipher order (AES-256-GCM first)",
+            "idle_clients": args.idle_clients,
+            "sink": args.sink,
+            "rounds": args.repeat.max(1), "duration_s": args.duration.as_secs_f64(), "warmup_s": args.warmup.as_secs_f64(),
+            "concurrency": args.concurrency, "bulk_connections": args.bulk_connections,
+            "idle": args.idle, "latency_requests": args.latency_requests,
+            "proxy_worker_threads": args.proxy_worker_threads,
+            "upstream_nodes": args.upstream_nodes,
+            "setups": args.setups,
+            "workers": "one-worker: proxy worker_threads as given, nginx worker_processes 1, HAProxy nbthread 1; \
+                        defaults: proxy a worker per CPU, nginx worker_processes auto, HAProxy its default threads",
+            "cpu": "user+system of the terminator's process tree from /proc",
+        }),
+        machine: {
+            let (cpu, cores, kernel) =
+                crate::probe::cpu::machine_facts(std::path::Path::new("/proc"));
+            serde_json::json!({"cpu": cpu, "cores": cores, "kernel": kernel})
+        },
+    };
+    let md = render(&result);
+    std::fs::write(args.out.join("bench.md"), &md)?;
+    std::fs::write(
+        args.out.join("bench.json"),
+        serde_json::to_string_pretty(&result)?,
+    )?;
+    Ok(result)
+}
+
+/// The rows `args` asks for, in table order, with the keys each kind of work fills.
+fn declare_rows(args: &BenchArgs) -> (RowKeys, Rows, Vec<String>) {
     let mut rows = Rows::new();
     let mut order: Vec<String> = Vec::new();
     let mut row = |key: String, unit: &str| -> String {
@@ -437,7 +665,6 @@ pub async fn execute(args: &BenchArgs, stop: CancellationToken) -> Result<BenchR
         }
         key
     };
-    // Declare the rows in table order.
     let mut keys = RowKeys::default();
     if args.parts.contains(&Part::Handshake) {
         for alg in &args.algorithms {
@@ -460,6 +687,32 @@ pub async fn execute(args: &BenchArgs, stop: CancellationToken) -> Result<BenchR
                     "us CPU",
                 ),
             });
+        }
+    }
+    if args.parts.contains(&Part::Upsert) {
+        for alg in &args.algorithms {
+            for (kind, name, short) in [
+                (
+                    Bulk::H1Rest,
+                    "new TLS connection + one 800 KB JSON upsert, HTTP/1.1",
+                    "JSON",
+                ),
+                (
+                    Bulk::Grpc,
+                    "new TLS connection + one 416 KB gRPC upsert, h2",
+                    "gRPC",
+                ),
+            ] {
+                keys.upsert.push(UpsertKeys {
+                    alg: *alg,
+                    kind,
+                    total: row(format!("{name}, {}", alg.as_str()), "ms CPU"),
+                    kernel: row(
+                        format!("  of which in the kernel, {short} {}", alg.as_str()),
+                        "ms CPU",
+                    ),
+                });
+            }
         }
     }
     if args.parts.contains(&Part::Bulk) {
@@ -491,12 +744,34 @@ pub async fn execute(args: &BenchArgs, stop: CancellationToken) -> Result<BenchR
         }
     }
     if args.parts.contains(&Part::Idle) {
-        for n in &args.idle {
-            keys.idle.push((
-                *n,
-                row(format!("RSS per idle TLS connection, {n} open"), "KiB"),
-                row(format!("RSS of {n} idle TLS connections"), "MiB"),
-            ));
+        let mut idle_clients = args.idle_clients.clone();
+        idle_clients.sort();
+        idle_clients.dedup();
+        for client in idle_clients {
+            let per_n = args
+                .idle
+                .iter()
+                .map(|n| {
+                    (
+                        *n,
+                        row(
+                            format!(
+                                "RSS per idle TLS connection, {n} open, {} client",
+                                client.as_str()
+                            ),
+                            "KiB",
+                        ),
+                        row(
+                            format!(
+                                "RSS of {n} idle TLS connections, {} client",
+                                client.as_str()
+                            ),
+                            "MiB",
+                        ),
+                    )
+                })
+                .collect();
+            keys.idle.push((client, per_n));
         }
     }
     if args.parts.contains(&Part::FirstResponse) {
@@ -514,167 +789,70 @@ pub async fn execute(args: &BenchArgs, stop: CancellationToken) -> Result<BenchR
             row("  added over the direct path".into(), "ms"),
         ));
     }
-
-    let rest_body = json_body(REST_BODY);
-    let grpc_body = grpc_body(GRPC_BODY);
-    let latency_body = json_body(LATENCY_BODY);
-    let direct_latency = if keys.latency.is_some() {
-        let io = tokio::net::TcpStream::connect(sink).await?;
-        io.set_nodelay(true)?;
-        let mut sender = workloads::Sender::over(io, true).await?;
-        let d = workloads::mean_latency(
-            &mut sender,
-            &latency_body,
-            &sink.to_string(),
-            20,
-            args.latency_requests,
-            args.duration * 3,
-        )
-        .await
-        .context("the direct path to the sink")?;
-        eprintln!("direct path: {:.3} ms per 800 KB request", ms(d));
-        Some(d)
-    } else {
-        None
-    };
-
-    let policy = TlsPolicy {
-        resumption: false,
-        ..TlsPolicy::default()
-    };
-    let mut column_iter = Vec::new();
-    for p in &args.providers {
-        column_iter.push(Column::Ours(*p));
-    }
-    for (p, bin) in peer_bins {
-        column_iter.push(Column::Peer(p, bin));
-    }
-    // Every terminator is started first and measured in interleaved rounds (each once per
-    // round), so drift on a shared machine hits every column alike; an idle terminator
-    // costs nothing meanwhile.
-    let mut started: Vec<(String, Option<Terminator>)> = Vec::new();
-    for col in column_iter {
-        let label = match &col {
-            Column::Ours(p) => format!("proxy {}", p.as_str()),
-            Column::Peer(p, _) => p.as_str().to_owned(),
-        };
-        let t = match &col {
-            Column::Ours(p) => terminators::start_proxy(
-                &proxy_bin,
-                *p,
-                &certs,
-                &sinks,
-                &work,
-                args.proxy_worker_threads,
-                &args.proxy_args,
-            ),
-            Column::Peer(p, Ok(bin)) => terminators::start_peer(*p, bin, &certs, &sinks, &work),
-            Column::Peer(p, Err(e)) => Err(anyhow::anyhow!("{}: {e:#}", p.as_str())),
-        };
-        match t {
-            Ok(t) => {
-                eprintln!("{label}: pid {}", t.pid());
-                started.push((label, Some(t)));
-            }
-            Err(e) => {
-                eprintln!("{label}: not measured: {e:#}");
-                for r in rows.values_mut() {
-                    r.set(&label, Err(anyhow::anyhow!("did not start: {e:#}")));
-                }
-                started.push((label, None));
-            }
-        }
-    }
-    for round in 1..=args.repeat.max(1) {
-        if args.repeat > 1 {
-            eprintln!("round {round} of {}", args.repeat);
-        }
-        for row in rows.values_mut() {
-            row.round = round;
-        }
-        for (label, t) in started.iter_mut() {
-            let Some(t) = t.as_mut() else { continue };
-            if stop.is_cancelled() || !t.alive() {
-                continue;
-            }
-            measure(
-                args,
-                round,
-                t,
-                label,
-                &keys,
-                &mut rows,
-                &clients,
-                &certs,
-                &policy,
-                Bodies {
-                    rest: &rest_body,
-                    grpc: &grpc_body,
-                    latency: &latency_body,
-                },
-                direct_latency,
-                &stop,
-            )
-            .await;
-            if !t.alive() {
-                eprintln!("{label}: died during the benchmark: {}", t.log_tail());
-                for r in rows.values_mut() {
-                    r.set(label, Err(anyhow::anyhow!("died: {}", t.log_tail())));
-                }
-            }
-        }
-    }
-    for (_, t) in started {
-        if let Some(t) = t {
-            t.stop();
-        }
-    }
-    sink_stop.cancel();
-
-    let result = BenchResult {
-        columns,
-        rows: order
-            .iter()
-            .filter_map(|k| rows.remove(k))
-            .map(Row::finish)
-            .collect(),
-        settings: serde_json::json!({
-            "tls": "1.3", "kx": "x25519", "resumption": false,
-            "client": "rustls aws-lc-rs, its stock cipher order (AES-256-GCM first)",
-            "rounds": args.repeat.max(1), "duration_s": args.duration.as_secs_f64(), "warmup_s": args.warmup.as_secs_f64(),
-            "concurrency": args.concurrency, "bulk_connections": args.bulk_connections,
-            "idle": args.idle, "latency_requests": args.latency_requests,
-            "proxy_worker_threads": args.proxy_worker_threads,
-            "upstream_nodes": args.upstream_nodes,
-            "workers": "proxy worker_threads as given; nginx worker_processes 1; HAProxy nbthread 1",
-            "cpu": "user+system of the terminator's process tree from /proc",
-        }),
-        machine: {
-            let (cpu, cores, kernel) =
-                crate::probe::cpu::machine_facts(std::path::Path::new("/proc"));
-            serde_json::json!({"cpu": cpu, "cores": cores, "kernel": kernel})
-        },
-    };
-    let md = render(&result);
-    std::fs::write(args.out.join("bench.md"), &md)?;
-    std::fs::write(
-        args.out.join("bench.json"),
-        serde_json::to_string_pretty(&result)?,
-    )?;
-    Ok(result)
+    (keys, rows, order)
 }
 
-enum Column {
+/// What starting any column needs.
+struct StartContext<'a> {
+    args: &'a BenchArgs,
+    proxy_bin: &'a std::path::Path,
+    certs: &'a Certs,
+    sinks: &'a [std::net::SocketAddr],
+    work: &'a std::path::Path,
+}
+
+/// One column of the table: a terminator in a set-up.
+struct ColumnSpec {
+    label: String,
+    setup: Setup,
+    which: Which,
+}
+
+enum Which {
     Ours(ProviderName),
-    Peer(Peer, Result<PathBuf>),
+    /// A peer, and its binary or why there is none.
+    Peer(Peer, Result<PathBuf, String>),
+}
+
+impl ColumnSpec {
+    /// Starts this column's terminator afresh.
+    fn start(&self, ctx: &StartContext<'_>) -> Result<Terminator> {
+        match &self.which {
+            Which::Ours(p) => terminators::start_proxy(
+                ctx.proxy_bin,
+                *p,
+                &self.label,
+                ctx.certs,
+                ctx.sinks,
+                ctx.work,
+                match self.setup {
+                    Setup::OneWorker => ctx.args.proxy_worker_threads,
+                    Setup::Defaults => 0,
+                },
+                &ctx.args.proxy_args,
+            ),
+            Which::Peer(p, Ok(bin)) => terminators::start_peer(
+                *p,
+                self.setup,
+                &self.label,
+                bin,
+                ctx.certs,
+                ctx.sinks,
+                ctx.work,
+            ),
+            Which::Peer(p, Err(e)) => Err(anyhow::anyhow!("{}: {e}", p.as_str())),
+        }
+    }
 }
 
 #[derive(Default)]
 struct RowKeys {
     handshake: Vec<HandshakeKeys>,
+    upsert: Vec<UpsertKeys>,
     /// Per workload: its row, and its kernel share's.
     bulk: Vec<(Bulk, String, String)>,
-    idle: Vec<(usize, String, String)>,
+    /// Per client, per count of open connections: the per-connection row and the total's.
+    idle: Vec<(IdleClient, Vec<IdleKeys>)>,
     first_response: Option<String>,
     latency: Option<(String, String)>,
 }
@@ -690,6 +868,20 @@ struct HandshakeKeys {
     in_memory: String,
     /// `total` minus `in_memory`.
     beyond: String,
+}
+
+/// The rows of one count of idle connections: (count, per-connection row, total's row).
+type IdleKeys = (usize, String, String);
+
+/// The rows of one certificate algorithm's new-connection-per-upsert figure, for one kind
+/// of upsert.
+struct UpsertKeys {
+    alg: CertAlgorithmName,
+    kind: Bulk,
+    /// CPU per upsert.
+    total: String,
+    /// Its system time.
+    kernel: String,
 }
 
 struct Bodies<'a> {
@@ -729,6 +921,22 @@ const PER_MB: Unit = Unit {
         )
     },
     name: "ms CPU per MB",
+};
+
+const PER_UPSERT: Unit = Unit {
+    scale: 1e3,
+    work: |o| {
+        (
+            o.ok as f64,
+            format!(
+                "{} upserts on as many connections, {:.0} MB, {} failed",
+                o.ok,
+                o.bytes as f64 / 1e6,
+                o.failed
+            ),
+        )
+    },
+    name: "ms CPU per upsert",
 };
 
 /// The figure of one timed loop (the terminator's CPU over it, per unit of work), with the
@@ -773,11 +981,10 @@ fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1000.0
 }
 
-/// Every row for one terminator.
+/// Every timed row for one terminator, in one round.
 #[allow(clippy::too_many_arguments)]
 async fn measure(
     args: &BenchArgs,
-    round: usize,
     t: &mut Terminator,
     label: &str,
     keys: &RowKeys,
@@ -785,98 +992,52 @@ async fn measure(
     clients: &Clients,
     certs: &Certs,
     policy: &TlsPolicy,
-    bodies: Bodies<'_>,
+    bodies: &Bodies<'_>,
     direct_latency: Option<Duration>,
     stop: &CancellationToken,
 ) {
-    for HandshakeKeys {
-        alg,
-        total: key,
-        kernel: kernel_key,
-        in_memory: mem_key,
-        beyond: beyond_key,
-    } in &keys.handshake
-    {
+    for k in &keys.handshake {
         if stop.is_cancelled() {
             return;
         }
-        let addr = t.addrs[alg];
-        workloads::new_connections(addr, &clients.http1, args.concurrency, args.warmup).await;
-        let measured = cpu_during(
-            t,
-            workloads::new_connections(addr, &clients.http1, args.concurrency, args.duration),
-        )
-        .await;
-        let per_conn = cpu_per_unit(
-            rows,
-            (key, kernel_key),
-            label,
-            alg.as_str(),
-            measured,
-            &PER_CONNECTION,
-        );
-        // Our providers: the same handshake in memory, server side only (the floor).
-        let in_memory = t
-            .provider
-            .filter(|p| *p != ProviderName::OpensslQat)
-            .map(|p| {
-                let (_, _, server) = proxy::tls::listener_tls(
-                    p,
-                    &certs.dir.join(format!("{}.crt", alg.as_str())),
-                    &certs.dir.join(format!("{}.key", alg.as_str())),
-                    policy,
-                    &[],
-                )?;
-                let n = match alg {
-                    CertAlgorithmName::Rsa4096 => 200,
-                    _ => 1000,
-                };
-                let d = proxy::tls::measure::mean_server_handshake(
-                    &server,
-                    &clients.in_memory,
-                    n / 10,
-                    n,
-                )?;
-                Ok::<f64, anyhow::Error>(d.as_secs_f64() * 1e6)
-            });
-        match (&per_conn, in_memory) {
-            (_, None) => {
-                let why = if t.provider.is_some() {
-                    NOT_IN_PROCESS
-                } else {
-                    NOT_RUSTLS
-                };
-                put_missing(rows, &[mem_key, beyond_key], label, why);
-            }
-            (Ok(total), Some(Ok(mem))) => {
-                let total = *total;
-                put(rows, mem_key, label, Ok(mem));
-                put(rows, beyond_key, label, Ok(total - mem));
-            }
-            (Err(_), Some(Ok(mem))) => {
-                put(rows, mem_key, label, Ok(mem));
-                put(
-                    rows,
-                    beyond_key,
-                    label,
-                    Err(anyhow::anyhow!("no connection figure")),
-                );
-            }
-            (_, Some(Err(e))) => {
-                let msg = format!("{e:#}");
-                put_missing(rows, &[mem_key, beyond_key], label, &msg);
-            }
+        measure_handshake(args, t, label, k, rows, clients, certs, policy).await;
+    }
+    for k in &keys.upsert {
+        if stop.is_cancelled() {
+            return;
         }
-        put(rows, key, label, per_conn);
+        let addr = t.addrs[&k.alg];
+        let body = if k.kind == Bulk::Grpc {
+            bodies.grpc
+        } else {
+            bodies.latency
+        };
+        let run = |duration| {
+            workloads::upserts_on_new_connections(
+                addr,
+                clients,
+                k.kind,
+                body.clone(),
+                args.concurrency,
+                duration,
+            )
+        };
+        run(args.warmup).await;
+        let measured = cpu_during(t, run(args.duration)).await;
+        let what = format!("{:?} upsert, new connection, {}", k.kind, k.alg.as_str());
+        let figure = cpu_per_unit(
+            rows,
+            (&k.total, &k.kernel),
+            label,
+            &what,
+            measured,
+            &PER_UPSERT,
+        );
+        put(rows, &k.total, label, figure);
     }
 
     // The remaining rows use the P-256 listener (any certificate: no handshake is timed).
-    let Some(addr) = t
-        .addrs
-        .get(&CertAlgorithmName::EcdsaP256)
-        .or_else(|| t.addrs.values().next())
-        .copied()
-    else {
+    let Some(addr) = any_listener(t) else {
         return;
     };
     for (kind, key, kernel_key) in &keys.bulk {
@@ -888,27 +1049,18 @@ async fn measure(
         } else {
             bodies.rest
         };
-        workloads::bulk(
-            addr,
-            clients,
-            *kind,
-            body.clone(),
-            args.bulk_connections,
-            args.warmup,
-        )
-        .await;
-        let measured = cpu_during(
-            t,
+        let run = |duration| {
             workloads::bulk(
                 addr,
                 clients,
                 *kind,
                 body.clone(),
                 args.bulk_connections,
-                args.duration,
-            ),
-        )
-        .await;
+                duration,
+            )
+        };
+        run(args.warmup).await;
+        let measured = cpu_during(t, run(args.duration)).await;
         let figure = cpu_per_unit(
             rows,
             (key, kernel_key),
@@ -920,75 +1072,8 @@ async fn measure(
         put(rows, key, label, figure);
     }
 
-    // Idle memory only in the first round: a process keeps what it freed (the allocator
-    // reuses it), so later rounds would measure reuse, not what a connection costs.
-    if round == 1 && !keys.idle.is_empty() && !stop.is_cancelled() {
-        let mut held = Vec::new();
-        // Settle first: memory freed by earlier rows must not count against idle connections.
-        tokio::time::sleep(Duration::from_millis(500)).await;
-        let base = t.rss_kib();
-        let mut opened = 0usize;
-        for (n, per_key, total_key) in &keys.idle {
-            let figure = async {
-                let base = *base.as_ref().map_err(|e| anyhow::anyhow!("{e:#}"))?;
-                if *n > t.max_connections {
-                    bail!(
-                        "configured for at most {} connections (the open-file limit)",
-                        t.max_connections
-                    );
-                }
-                workloads::open_idle(addr, &clients.http1, n - opened, 32, &mut held).await?;
-                opened = *n;
-                tokio::time::sleep(Duration::from_millis(1000)).await;
-                let now = t.rss_kib()?;
-                Ok::<_, anyhow::Error>((now.saturating_sub(base)) as f64)
-            }
-            .await;
-            match figure {
-                Ok(delta_kib) => {
-                    eprintln!(
-                        "{label}: {n} idle connections: +{:.1} MiB",
-                        delta_kib / 1024.0
-                    );
-                    put(rows, per_key, label, Ok(delta_kib / *n as f64));
-                    put(rows, total_key, label, Ok(delta_kib / 1024.0));
-                }
-                Err(e) => {
-                    let msg = format!("{e:#}");
-                    eprintln!("{label}: {n} idle connections: {msg}");
-                    put_missing(rows, &[per_key, total_key], label, &msg);
-                    break;
-                }
-            }
-        }
-        drop(held);
-        // Let the terminator see the closes before the next row.
-        tokio::time::sleep(Duration::from_millis(1000)).await;
-    }
-
     if let Some(key) = &keys.first_response {
-        let mut delays = Vec::new();
-        let mut error = None;
-        for _ in 0..args.first_response_connections.max(1) {
-            if stop.is_cancelled() {
-                break;
-            }
-            match tokio::time::timeout(
-                Duration::from_secs(5),
-                workloads::tiny_request(addr, &clients.http1, false),
-            )
-            .await
-            {
-                Ok(Ok(d)) => delays.push(d),
-                Ok(Err(e)) => error = Some(e),
-                Err(_) => error = Some(anyhow::anyhow!("no answer within 5 s")),
-            }
-        }
-        delays.sort();
-        let figure = match delays.get(delays.len() / 2) {
-            Some(d) => Ok(ms(*d)),
-            None => Err(error.unwrap_or_else(|| anyhow::anyhow!("not measured"))),
-        };
+        let figure = first_response(addr, clients, args.first_response_connections, stop).await;
         eprintln!("{label}: first response {figure:?} ms (median)");
         put(rows, key, label, figure);
     }
@@ -1021,6 +1106,215 @@ async fn measure(
     }
 }
 
+/// The listener the rows that time no handshake use: P-256's, or any.
+fn any_listener(t: &Terminator) -> Option<std::net::SocketAddr> {
+    t.addrs
+        .get(&CertAlgorithmName::EcdsaP256)
+        .or_else(|| t.addrs.values().next())
+        .copied()
+}
+
+/// The new-connection rows of one certificate algorithm: CPU per connection, and for our
+/// providers the same handshake in memory, server side only (the floor).
+#[allow(clippy::too_many_arguments)]
+async fn measure_handshake(
+    args: &BenchArgs,
+    t: &Terminator,
+    label: &str,
+    keys: &HandshakeKeys,
+    rows: &mut Rows,
+    clients: &Clients,
+    certs: &Certs,
+    policy: &TlsPolicy,
+) {
+    let HandshakeKeys {
+        alg,
+        total: key,
+        kernel: kernel_key,
+        in_memory: mem_key,
+        beyond: beyond_key,
+    } = keys;
+    let addr = t.addrs[alg];
+    workloads::new_connections(addr, &clients.http1, args.concurrency, args.warmup).await;
+    let measured = cpu_during(
+        t,
+        workloads::new_connections(addr, &clients.http1, args.concurrency, args.duration),
+    )
+    .await;
+    let per_conn = cpu_per_unit(
+        rows,
+        (key, kernel_key),
+        label,
+        alg.as_str(),
+        measured,
+        &PER_CONNECTION,
+    );
+    let in_memory = t
+        .provider
+        .filter(|p| *p != ProviderName::OpensslQat)
+        .map(|p| {
+            let (_, _, server) = proxy::tls::listener_tls(
+                p,
+                &certs.dir.join(format!("{}.crt", alg.as_str())),
+                &certs.dir.join(format!("{}.key", alg.as_str())),
+                policy,
+                &[],
+            )?;
+            let n = match alg {
+                CertAlgorithmName::Rsa4096 => 200,
+                _ => 1000,
+            };
+            let d =
+                proxy::tls::measure::mean_server_handshake(&server, &clients.in_memory, n / 10, n)?;
+            Ok::<f64, anyhow::Error>(d.as_secs_f64() * 1e6)
+        });
+    match (&per_conn, in_memory) {
+        (_, None) => {
+            let why = if t.provider.is_some() {
+                NOT_IN_PROCESS
+            } else {
+                NOT_RUSTLS
+            };
+            put_missing(rows, &[mem_key, beyond_key], label, why);
+        }
+        (Ok(total), Some(Ok(mem))) => {
+            let total = *total;
+            put(rows, mem_key, label, Ok(mem));
+            put(rows, beyond_key, label, Ok(total - mem));
+        }
+        (Err(_), Some(Ok(mem))) => {
+            put(rows, mem_key, label, Ok(mem));
+            put(
+                rows,
+                beyond_key,
+                label,
+                Err(anyhow::anyhow!("no connection figure")),
+            );
+        }
+        (_, Some(Err(e))) => {
+            let msg = format!("{e:#}");
+            put_missing(rows, &[mem_key, beyond_key], label, &msg);
+        }
+    }
+    put(rows, key, label, per_conn);
+}
+
+/// The median delay to the first response byte over `connections` new connections from a
+/// client that keeps Nagle on.
+async fn first_response(
+    addr: std::net::SocketAddr,
+    clients: &Clients,
+    connections: usize,
+    stop: &CancellationToken,
+) -> Result<f64> {
+    let mut delays = Vec::new();
+    let mut error = None;
+    for _ in 0..connections.max(1) {
+        if stop.is_cancelled() {
+            break;
+        }
+        match tokio::time::timeout(
+            Duration::from_secs(5),
+            workloads::tiny_request(addr, &clients.http1, false),
+        )
+        .await
+        {
+            Ok(Ok(d)) => delays.push(d),
+            Ok(Err(e)) => error = Some(e),
+            Err(_) => error = Some(anyhow::anyhow!("no answer within 5 s")),
+        }
+    }
+    delays.sort();
+    match delays.get(delays.len() / 2) {
+        Some(d) => Ok(ms(*d)),
+        None => Err(error.unwrap_or_else(|| anyhow::anyhow!("not measured"))),
+    }
+}
+
+/// Idle connections held open by one kind of client.
+enum Held {
+    Rustls(Vec<tokio_rustls::client::TlsStream<tokio::net::TcpStream>>),
+    Openssl(Vec<workloads::OpensslIdle>),
+}
+
+/// The idle rows of one column for one client, on a terminator started afresh for them:
+/// memory a process freed stays resident and is reused, so a terminator that has served
+/// other rows, or other idle clients, would show less than connections cost.
+async fn measure_idle(
+    ctx: &StartContext<'_>,
+    spec: &ColumnSpec,
+    client: IdleClient,
+    per_n: &[IdleKeys],
+    rows: &mut Rows,
+    clients: &Clients,
+) {
+    let label = spec.label.as_str();
+    let t = match spec.start(ctx) {
+        Ok(t) => t,
+        Err(e) => {
+            let msg = format!("did not start for the idle rows: {e:#}");
+            for (_, per_key, total_key) in per_n {
+                put_missing(rows, &[per_key, total_key], label, &msg);
+            }
+            return;
+        }
+    };
+    let Some(addr) = any_listener(&t) else {
+        t.stop();
+        return;
+    };
+    // Settle: the start-up's own allocations must not count against idle connections.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let base = t.rss_kib();
+    let mut held = match client {
+        IdleClient::Rustls => Held::Rustls(Vec::new()),
+        IdleClient::Openssl => Held::Openssl(Vec::new()),
+    };
+    let mut opened = 0usize;
+    for (n, per_key, total_key) in per_n {
+        let figure = async {
+            let base = *base.as_ref().map_err(|e| anyhow::anyhow!("{e:#}"))?;
+            if *n > t.max_connections {
+                bail!(
+                    "configured for at most {} connections (the open-file limit)",
+                    t.max_connections
+                );
+            }
+            let more = n - opened;
+            match &mut held {
+                Held::Rustls(h) => workloads::open_idle(addr, &clients.http1, more, 32, h).await?,
+                Held::Openssl(h) => {
+                    workloads::open_idle_openssl(addr, &ctx.certs.ca, more, 8, h).await?
+                }
+            }
+            opened = *n;
+            tokio::time::sleep(Duration::from_millis(1000)).await;
+            let now = t.rss_kib()?;
+            Ok::<_, anyhow::Error>((now.saturating_sub(base)) as f64)
+        }
+        .await;
+        match figure {
+            Ok(delta_kib) => {
+                eprintln!(
+                    "{label}: {n} idle connections ({} client): +{:.1} MiB",
+                    client.as_str(),
+                    delta_kib / 1024.0
+                );
+                put(rows, per_key, label, Ok(delta_kib / *n as f64));
+                put(rows, total_key, label, Ok(delta_kib / 1024.0));
+            }
+            Err(e) => {
+                let msg = format!("{e:#}");
+                eprintln!("{label}: {n} idle connections: {msg}");
+                put_missing(rows, &[per_key, total_key], label, &msg);
+                break;
+            }
+        }
+    }
+    drop(held);
+    t.stop();
+}
+
 /// The table: each figure with its ratio to nginx's in the same row (below 1.00x is
 /// cheaper or faster than nginx for every row here), then the notes for missing figures.
 pub fn render(result: &BenchResult) -> String {
@@ -1044,6 +1338,16 @@ pub fn render(result: &BenchResult) -> String {
              resumption (the proxy's default offers x25519mlkem768 first where its provider has it)",
             result.settings["tls"].as_str().unwrap_or("?")
         ));
+    }
+    match result.settings["sink"].as_str() {
+        Some("early-answer") => notes.push(
+            "the sink answered every upload at once, before reading its body (`--sink early-answer`)"
+                .to_owned(),
+        ),
+        Some(_) => notes.push(
+            "the sink read every request body whole before it answered, as Qdrant does".to_owned(),
+        ),
+        None => {}
     }
     if rounds > 1 {
         notes.push(format!(
@@ -1076,8 +1380,10 @@ pub fn render(result: &BenchResult) -> String {
         out.push('\n');
     }
     out.push_str(
-        "\nRatios are to nginx in the same row (below 1.00x: less CPU, memory or time than nginx). \
-         Each terminator runs as configured in `settings` of bench.json (one worker each by default); \
+        "\nRatios are to nginx in the same row and set-up (below 1.00x: less CPU, memory or time than nginx): \
+         columns without a suffix run one worker each, columns marked (defaults) each terminator at its \
+         own defaults (the proxy a worker per CPU, nginx `worker_processes auto`, HAProxy its default \
+         threads), as `settings` of bench.json records; \
          with several rounds (`--repeat`) each figure is the median, each ratio the median of the \
          ratios within a round, and bench.json holds every round; \
          CPU is the terminator's user+system time over its whole process tree, and \"in the \

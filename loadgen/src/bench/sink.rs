@@ -1,7 +1,10 @@
 //! The plaintext sink every terminator forwards to: HTTP/1.1 and h2c (prior knowledge) on
-//! one port. It reads and discards request bodies and answers at once: a small JSON for
-//! REST, a gRPC message with `grpc-status: 0` in trailers for gRPC. Its own cost is not
-//! measured; it only has to be the same for every terminator and never the bottleneck.
+//! one port. It discards request bodies and answers with a small JSON for REST, a gRPC
+//! message with `grpc-status: 0` in trailers for gRPC. By default it reads each body whole
+//! before it answers, as Qdrant does (so a terminator's forwarding of the whole body is part
+//! of every request); [`SinkMode::EarlyAnswer`] answers at once and drains the body
+//! meanwhile. Its own cost is not measured; it only has to be the same for every terminator
+//! and never the bottleneck.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -68,17 +71,36 @@ impl Body for Reply {
     }
 }
 
-async fn answer(req: Request<Incoming>) -> Result<Response<Reply>, Infallible> {
+/// When the sink answers a request with a body.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum SinkMode {
+    /// After reading the whole body, as Qdrant does.
+    ReadBody,
+    /// At once, draining the body meanwhile (the terminator's answer may then overtake its
+    /// own upload).
+    EarlyAnswer,
+}
+
+/// Reads `body` to its end, discarding it.
+async fn drain(mut body: Incoming) {
+    while let Some(frame) = body.frame().await {
+        if frame.is_err() {
+            break;
+        }
+    }
+}
+
+async fn answer(req: Request<Incoming>, mode: SinkMode) -> Result<Response<Reply>, Infallible> {
     let grpc = req
         .headers()
         .get(http::header::CONTENT_TYPE)
         .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"));
     let tiny = req.method() == http::Method::GET;
-    // Read the whole body (and discard it) before answering, as a database would.
-    let mut body = req.into_body();
-    while let Some(frame) = body.frame().await {
-        if frame.is_err() {
-            break;
+    match mode {
+        SinkMode::ReadBody => drain(req.into_body()).await,
+        SinkMode::EarlyAnswer => {
+            tokio::spawn(drain(req.into_body()));
         }
     }
     let resp = if grpc {
@@ -100,7 +122,7 @@ async fn answer(req: Request<Incoming>) -> Result<Response<Reply>, Infallible> {
 }
 
 /// Binds the sink on a loopback port and serves until `stop`.
-pub async fn start(stop: CancellationToken) -> Result<SocketAddr> {
+pub async fn start(stop: CancellationToken, mode: SinkMode) -> Result<SocketAddr> {
     let listener = TcpListener::bind("127.0.0.1:0").await?;
     let addr = listener.local_addr()?;
     tokio::spawn(async move {
@@ -119,8 +141,10 @@ pub async fn start(stop: CancellationToken) -> Result<SocketAddr> {
                     .initial_stream_window_size(super::H2_WINDOW)
                     .initial_connection_window_size(super::H2_WINDOW * 4)
                     .max_concurrent_streams(1024);
-                let conn = builder
-                    .serve_connection(TokioIo::new(stream), hyper::service::service_fn(answer));
+                let conn = builder.serve_connection(
+                    TokioIo::new(stream),
+                    hyper::service::service_fn(move |req| answer(req, mode)),
+                );
                 tokio::select! {
                     _ = conn => {}
                     _ = stop.cancelled() => {}
@@ -129,4 +153,44 @@ pub async fn start(stop: CancellationToken) -> Result<SocketAddr> {
         }
     });
     Ok(addr)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// Sends the head and the first 10 bytes of a 1,000-byte body, and waits up to `wait`
+    /// for the start of an answer.
+    async fn answer_to_half_a_body(mode: SinkMode, wait: std::time::Duration) -> Option<String> {
+        let stop = CancellationToken::new();
+        let addr = start(stop.clone(), mode).await.unwrap();
+        let mut io = tokio::net::TcpStream::connect(addr).await.unwrap();
+        io.write_all(
+            b"POST /collections/c/points HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+              Content-Length: 1000\r\n\r\n{\"points\":",
+        )
+        .await
+        .unwrap();
+        let mut buf = [0u8; 64];
+        let got = tokio::time::timeout(wait, io.read(&mut buf)).await;
+        stop.cancel();
+        match got {
+            Ok(Ok(n)) if n > 0 => Some(String::from_utf8_lossy(&buf[..n]).into_owned()),
+            _ => None,
+        }
+    }
+
+    #[tokio::test]
+    async fn by_default_the_sink_answers_only_after_the_whole_body() {
+        let wait = std::time::Duration::from_millis(300);
+        assert_eq!(answer_to_half_a_body(SinkMode::ReadBody, wait).await, None);
+        let early = answer_to_half_a_body(SinkMode::EarlyAnswer, wait * 10).await;
+        assert!(
+            early
+                .as_deref()
+                .is_some_and(|a| a.starts_with("HTTP/1.1 200")),
+            "{early:?}"
+        );
+    }
 }

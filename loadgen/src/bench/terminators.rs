@@ -1,8 +1,9 @@
 //! The terminators under test, each started from its own private configuration on loopback
 //! ports with the same certificates and the same sink: our proxy (one process per provider,
 //! one listener per certificate algorithm), nginx and HAProxy (Debian's packages, one
-//! worker, one frontend per algorithm). Each one's CPU and memory are read from /proc over
-//! its whole process tree (nginx's master and worker alike).
+//! frontend per algorithm), each in one of two set-ups ([`Setup`]): one worker, or its own
+//! default worker count. Each one's CPU and memory are read from /proc over its whole
+//! process tree (nginx's master and workers alike).
 
 use std::collections::BTreeMap;
 use std::net::{SocketAddr, TcpListener};
@@ -23,6 +24,29 @@ const SUITES: &str = "TLS_AES_128_GCM_SHA256:TLS_AES_256_GCM_SHA384:TLS_CHACHA20
 const PEER_START_LIMIT: Duration = Duration::from_secs(20);
 /// Open connections each terminator must accept: the 10,000 idle ones and headroom.
 pub const MAX_CONNECTIONS: usize = 15_000;
+
+/// How many workers a terminator runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Setup {
+    /// One worker each: the proxy's `worker_threads` as `--proxy-worker-threads` says (1 by
+    /// default), nginx `worker_processes 1`, HAProxy `nbthread 1`. Every column is then one
+    /// worker's cost per unit of work.
+    OneWorker,
+    /// Each at its own default, as users run them: the proxy a worker per CPU, nginx
+    /// `worker_processes auto`, HAProxy its default threads (one per CPU it may run on).
+    Defaults,
+}
+
+impl Setup {
+    /// What a column label carries after the terminator's name.
+    pub fn suffix(self) -> &'static str {
+        match self {
+            Self::OneWorker => "",
+            Self::Defaults => " (defaults)",
+        }
+    }
+}
 
 /// One started terminator.
 pub struct Terminator {
@@ -147,10 +171,14 @@ impl Certs {
 }
 
 /// Our proxy with `provider`: one listener per algorithm, HTTP mode, resumption off,
-/// X25519, forwarding to `sink` (gRPC over h2c, the rest over HTTP/1.1).
+/// X25519, forwarding to `sink` (gRPC over h2c, the rest over HTTP/1.1); `worker_threads`
+/// 0 is the proxy's default (one per CPU). `label` names the column, its files under
+/// `work` and its log.
+#[allow(clippy::too_many_arguments)]
 pub fn start_proxy(
     binary: &Path,
     provider: ProviderName,
+    label: &str,
     certs: &Certs,
     sinks: &[SocketAddr],
     work: &Path,
@@ -185,7 +213,7 @@ pub fn start_proxy(
             alg = alg.as_str(),
         ));
     }
-    let what = format!("proxy-{}", provider.as_str());
+    let what = file_stem(label);
     let config = work.join(format!("{what}.toml"));
     std::fs::write(&config, toml).with_context(|| format!("writing {}", config.display()))?;
     let mut cmd = Command::new(binary);
@@ -206,7 +234,7 @@ pub fn start_proxy(
         addrs.insert(*alg, addr);
     }
     Ok(Terminator {
-        label: format!("proxy {}", provider.as_str()),
+        label: label.to_owned(),
         provider: Some(provider),
         addrs,
         max_connections: MAX_CONNECTIONS,
@@ -300,21 +328,33 @@ fn nofile_hard_limit() -> u64 {
         .map_or(4096, |(_, hard)| hard)
 }
 
+/// A column label as a file name: `proxy ring (defaults)` -> `proxy-ring-defaults`.
+fn file_stem(label: &str) -> String {
+    label
+        .split(|c: char| !c.is_ascii_alphanumeric() && c != '-')
+        .filter(|w| !w.is_empty())
+        .collect::<Vec<_>>()
+        .join("-")
+}
+
 fn free_port() -> Result<u16> {
     Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 
-/// Starts a peer with one worker (nginx `worker_processes 1`, HAProxy `nbthread 1`), the
-/// same TLS policy as our listeners (TLS 1.3, X25519, no session cache, no tickets), one
-/// frontend per algorithm, REST to the sink over HTTP/1.1 keep-alive and gRPC over h2c.
+/// Starts a peer in `setup` (one worker: nginx `worker_processes 1`, HAProxy `nbthread 1`;
+/// or its defaults), the same TLS policy as our listeners (TLS 1.3, X25519, no session
+/// cache, no tickets), one frontend per algorithm, REST to the sink over HTTP/1.1
+/// keep-alive and gRPC over h2c. `label` names the column and its folder under `work`.
 pub fn start_peer(
     peer: Peer,
+    setup: Setup,
+    label: &str,
     binary: &Path,
     certs: &Certs,
     sinks: &[SocketAddr],
     work: &Path,
 ) -> Result<Terminator> {
-    let dir = work.join(peer.as_str());
+    let dir = work.join(file_stem(label));
     std::fs::create_dir_all(&dir)?;
     let mut addrs = BTreeMap::new();
     for alg in &certs.algorithms {
@@ -325,7 +365,7 @@ pub fn start_peer(
     match peer {
         Peer::Nginx => {
             let conf = dir.join("nginx.conf");
-            std::fs::write(&conf, nginx_config(certs, sinks, &addrs, &dir))?;
+            std::fs::write(&conf, nginx_config(setup, certs, sinks, &addrs, &dir))?;
             cmd.arg("-p")
                 .arg(&dir)
                 .arg("-c")
@@ -340,7 +380,7 @@ pub fn start_peer(
                 std::fs::write(dir.join(format!("{}.pem", alg.as_str())), pem)?;
             }
             let conf = dir.join("haproxy.cfg");
-            std::fs::write(&conf, haproxy_config(sinks, &addrs, &dir))?;
+            std::fs::write(&conf, haproxy_config(setup, sinks, &addrs, &dir))?;
             cmd.arg("-db").arg("-f").arg(&conf);
         }
     }
@@ -372,7 +412,7 @@ pub fn start_peer(
         }
     }
     Ok(Terminator {
-        label: peer.as_str().to_owned(),
+        label: label.to_owned(),
         provider: None,
         addrs,
         max_connections: match peer {
@@ -384,6 +424,7 @@ pub fn start_peer(
 }
 
 fn nginx_config(
+    setup: Setup,
     certs: &Certs,
     sinks: &[SocketAddr],
     addrs: &BTreeMap<CertAlgorithmName, SocketAddr>,
@@ -407,8 +448,12 @@ fn nginx_config(
             .collect::<String>()
     };
     let sink = format!("{balance}{}", servers_of(sinks));
+    let workers = match setup {
+        Setup::OneWorker => "1",
+        Setup::Defaults => "auto",
+    };
     format!(
-        "worker_processes 1;\nworker_rlimit_nofile {nofile};\npid {d}/nginx.pid;\nerror_log {d}/error.log warn;\n\
+        "worker_processes {workers};\nworker_rlimit_nofile {nofile};\npid {d}/nginx.pid;\nerror_log {d}/error.log warn;\n\
          events {{ worker_connections {conns}; }}\n\
          http {{\n  access_log off;\n  client_body_temp_path {d}/body;\n  proxy_temp_path {d}/proxy;\n\
          \x20 client_max_body_size 64m;\n  proxy_request_buffering off;\n  proxy_http_version 1.1;\n\
@@ -430,6 +475,7 @@ fn haproxy_max_connections() -> usize {
 }
 
 fn haproxy_config(
+    setup: Setup,
     sinks: &[SocketAddr],
     addrs: &BTreeMap<CertAlgorithmName, SocketAddr>,
     dir: &Path,
@@ -456,8 +502,13 @@ fn haproxy_config(
             .collect()
     };
     let (rest, grpc) = (servers(""), servers(" proto h2"));
+    // Without `nbthread`, HAProxy starts a thread per CPU it may run on: its default.
+    let threads = match setup {
+        Setup::OneWorker => "  nbthread 1\n",
+        Setup::Defaults => "",
+    };
     format!(
-        "global\n  nbthread 1\n  ulimit-n {nofile}\n  maxconn {conns}\n  tune.ssl.cachesize 0\n\
+        "global\n{threads}  ulimit-n {nofile}\n  maxconn {conns}\n  tune.ssl.cachesize 0\n\
          \x20 ssl-default-bind-ciphersuites {SUITES}\n\
          defaults\n  mode http\n  maxconn {conns}\n  timeout connect 5s\n  timeout client 600s\n  timeout server 60s\n\
          \x20 timeout http-keep-alive 600s\n  http-reuse always\n\

@@ -127,28 +127,30 @@ pub async fn tiny_request(
     Ok(first_byte)
 }
 
-/// `concurrency` clients each opening a new connection per tiny request until `duration`.
-pub async fn new_connections(
-    addr: SocketAddr,
-    connector: &TlsConnector,
-    concurrency: usize,
-    duration: Duration,
-) -> Outcome {
+/// `concurrency` clients each repeating `each` (one unit of work, returning the request
+/// bytes it carried) until `duration`, bounded by [`MAX_CONNECTIONS_PER_LOOP`] in all; a
+/// unit that takes longer than [`IDLE_CONNECT_LIMIT`] counts as failed.
+async fn repeat_concurrently<F, Fut>(concurrency: usize, duration: Duration, each: F) -> Outcome
+where
+    F: Fn() -> Fut + Clone + Send + 'static,
+    Fut: std::future::Future<Output = Result<u64>> + Send,
+{
     let deadline = Instant::now() + duration;
     let started = Arc::new(AtomicU64::new(0));
     let mut tasks = Vec::with_capacity(concurrency);
     for _ in 0..concurrency.max(1) {
-        let connector = connector.clone();
+        let each = each.clone();
         let started = started.clone();
         tasks.push(tokio::spawn(async move {
             let mut out = Outcome::default();
             while Instant::now() < deadline
                 && started.fetch_add(1, Ordering::Relaxed) < MAX_CONNECTIONS_PER_LOOP
             {
-                match tokio::time::timeout(IDLE_CONNECT_LIMIT, tiny_request(addr, &connector, true))
-                    .await
-                {
-                    Ok(Ok(_)) => out.ok += 1,
+                match tokio::time::timeout(IDLE_CONNECT_LIMIT, each()).await {
+                    Ok(Ok(bytes)) => {
+                        out.ok += 1;
+                        out.bytes += bytes;
+                    }
                     Ok(Err(e)) => out.fail(e),
                     Err(_) => out.fail(anyhow!("no answer within {IDLE_CONNECT_LIMIT:?}")),
                 }
@@ -157,6 +159,67 @@ pub async fn new_connections(
         }));
     }
     join(tasks).await
+}
+
+/// `concurrency` clients each opening a new connection per tiny request until `duration`.
+pub async fn new_connections(
+    addr: SocketAddr,
+    connector: &TlsConnector,
+    concurrency: usize,
+    duration: Duration,
+) -> Outcome {
+    let connector = connector.clone();
+    repeat_concurrently(concurrency, duration, move || {
+        let connector = connector.clone();
+        async move { tiny_request(addr, &connector, true).await.map(|_| 0) }
+    })
+    .await
+}
+
+/// The mission's unit of work: a new TLS connection that carries one upsert of `kind`
+/// (`Connection: close` over HTTP/1.1; one call over h2), read to its end, then closed;
+/// the close is awaited, so the terminator's teardown falls inside the loop that timed it.
+pub async fn upsert_on_new_connection(
+    addr: SocketAddr,
+    clients: &Clients,
+    kind: Bulk,
+    body: &Bytes,
+) -> Result<u64> {
+    let tls = connect_for(addr, clients, kind).await?;
+    let authority = format!("localhost:{}", addr.port());
+    let mut req = bulk_request(kind, body, &authority);
+    if kind == Bulk::H1Rest {
+        req.headers_mut().insert(
+            http::header::CONNECTION,
+            http::HeaderValue::from_static("close"),
+        );
+    }
+    let (mut sender, conn) = Sender::open(tls, kind != Bulk::H1Rest).await?;
+    sender.exchange(req, kind == Bulk::Grpc).await?;
+    // Dropping the sender ends the connection: HTTP/1.1 after `Connection: close`, h2 with
+    // GOAWAY.
+    drop(sender);
+    let _ = conn.await;
+    Ok(body.len() as u64)
+}
+
+/// `concurrency` clients each sending upserts of `kind`, a new connection each, until
+/// `duration`.
+pub async fn upserts_on_new_connections(
+    addr: SocketAddr,
+    clients: &Clients,
+    kind: Bulk,
+    body: Bytes,
+    concurrency: usize,
+    duration: Duration,
+) -> Outcome {
+    let clients = clients.clone();
+    repeat_concurrently(concurrency, duration, move || {
+        let clients = clients.clone();
+        let body = body.clone();
+        async move { upsert_on_new_connection(addr, &clients, kind, &body).await }
+    })
+    .await
 }
 
 /// Bulk request kinds.
@@ -182,6 +245,15 @@ impl Sender {
     where
         IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     {
+        Ok(Self::open(io, h2).await?.0)
+    }
+
+    /// As [`Sender::over`], with the task driving the connection, which ends when the
+    /// connection does.
+    pub async fn open<IO>(io: IO, h2: bool) -> Result<(Self, tokio::task::JoinHandle<()>)>
+    where
+        IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    {
         let io = TokioIo::new(io);
         if h2 {
             let (send, conn) = http2::Builder::new(TokioExecutor::new())
@@ -189,12 +261,16 @@ impl Sender {
                 .initial_connection_window_size(H2_WINDOW * 4)
                 .handshake(io)
                 .await?;
-            tokio::spawn(conn);
-            Ok(Self::H2(send))
+            let conn = tokio::spawn(async move {
+                let _ = conn.await;
+            });
+            Ok((Self::H2(send), conn))
         } else {
             let (send, conn) = http1::handshake(io).await?;
-            tokio::spawn(conn);
-            Ok(Self::H1(send))
+            let conn = tokio::spawn(async move {
+                let _ = conn.await;
+            });
+            Ok((Self::H1(send), conn))
         }
     }
 
@@ -254,8 +330,12 @@ pub fn bulk_request(kind: Bulk, body: &Bytes, authority: &str) -> Request<Full<B
         .expect("static request parts are valid")
 }
 
-/// Opens a keep-alive TLS connection to `addr` for `kind`.
-pub async fn bulk_sender(addr: SocketAddr, clients: &Clients, kind: Bulk) -> Result<Sender> {
+/// A TLS connection to `addr` that negotiated the ALPN protocol `kind` needs.
+async fn connect_for(
+    addr: SocketAddr,
+    clients: &Clients,
+    kind: Bulk,
+) -> Result<TlsStream<TcpStream>> {
     let h2 = kind != Bulk::H1Rest;
     let connector = if h2 { &clients.h2 } else { &clients.http1 };
     let tls = tls_connect(addr, connector, true).await?;
@@ -266,7 +346,13 @@ pub async fn bulk_sender(addr: SocketAddr, clients: &Clients, kind: Bulk) -> Res
             if h2 { "h2" } else { "http/1.1" }
         );
     }
-    Sender::over(tls, h2).await
+    Ok(tls)
+}
+
+/// Opens a keep-alive TLS connection to `addr` for `kind`.
+pub async fn bulk_sender(addr: SocketAddr, clients: &Clients, kind: Bulk) -> Result<Sender> {
+    let tls = connect_for(addr, clients, kind).await?;
+    Sender::over(tls, kind != Bulk::H1Rest).await
 }
 
 /// `connections` keep-alive connections, each sending `kind` requests one after another
@@ -367,6 +453,55 @@ pub async fn open_idle(
     }
     for t in tasks {
         held.push(t.await??);
+    }
+    Ok(())
+}
+
+/// An idle connection held open by OpenSSL's client.
+pub type OpensslIdle = openssl::ssl::SslStream<std::net::TcpStream>;
+
+/// Opens `count` TLS connections with OpenSSL's client at its stock settings (its own
+/// versions, groups and suites, as Python's `ssl.create_default_context()`, curl and most
+/// clients outside Rust use it), ALPN http/1.1, verifying the server against `ca`; the
+/// handshakes are blocking calls, `parallel` at a time on the blocking pool, each bounded by
+/// `IDLE_CONNECT_LIMIT` (10 s).
+pub async fn open_idle_openssl(
+    addr: SocketAddr,
+    ca: &std::path::Path,
+    count: usize,
+    parallel: usize,
+    held: &mut Vec<OpensslIdle>,
+) -> Result<()> {
+    use openssl::ssl::{SslConnector, SslMethod};
+    let mut builder = SslConnector::builder(SslMethod::tls_client())?;
+    builder
+        .set_ca_file(ca)
+        .with_context(|| format!("loading {}", ca.display()))?;
+    builder.set_alpn_protos(b"\x08http/1.1")?;
+    let connector = Arc::new(builder.build());
+    let parallel = parallel.clamp(1, count.max(1));
+    let mut tasks = Vec::with_capacity(parallel);
+    for i in 0..parallel {
+        let share = count / parallel + usize::from(i < count % parallel);
+        let connector = connector.clone();
+        tasks.push(tokio::task::spawn_blocking(move || {
+            let mut opened = Vec::with_capacity(share);
+            for _ in 0..share {
+                let tcp = std::net::TcpStream::connect_timeout(&addr, IDLE_CONNECT_LIMIT)
+                    .with_context(|| format!("connect {addr}"))?;
+                tcp.set_nodelay(true)?;
+                tcp.set_read_timeout(Some(IDLE_CONNECT_LIMIT))?;
+                tcp.set_write_timeout(Some(IDLE_CONNECT_LIMIT))?;
+                let tls = connector
+                    .connect("localhost", tcp)
+                    .map_err(|e| anyhow!("OpenSSL handshake: {e}"))?;
+                opened.push(tls);
+            }
+            Ok::<_, anyhow::Error>(opened)
+        }));
+    }
+    for t in tasks {
+        held.extend(t.await??);
     }
     Ok(())
 }

@@ -2,6 +2,9 @@
 //! Qdrant's own storage engine (the `qdrant-edge` crate), so the benchmark's main job runs
 //! where no Qdrant server or container engine is installed.
 
+// No unsafe code of its own: Qdrant's engine and the TLS stack carry theirs.
+#![deny(unsafe_code)]
+
 mod auth;
 mod convert;
 mod grpc;

@@ -9,6 +9,11 @@
 //! provider x algorithm matrix), [`report`] (Markdown, CSV and HTML from the JSON),
 //! [`bench`](mod@bench) (the terminator benchmark: our proxy beside nginx and HAProxy).
 
+// Unsafe code is three libc calls, each allowed where it is and said why there:
+// `probe::cpu::clock_ticks` (sysconf), `compare::procs` (CPU affinity before exec) and
+// `bench::terminators` (geteuid).
+#![deny(unsafe_code)]
+
 pub mod bench;
 pub mod client;
 pub mod compare;

@@ -1,5 +1,7 @@
 //! The `loadgen` command line.
 
+#![deny(unsafe_code)]
+
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};

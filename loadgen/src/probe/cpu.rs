@@ -7,7 +7,8 @@ use anyhow::{anyhow, Context, Result};
 
 /// Jiffies per second: the unit of /proc/stat and /proc/PID/stat.
 pub fn clock_ticks() -> f64 {
-    // SAFETY-free: sysconf is a plain libc query with no pointers.
+    // SAFETY: sysconf takes an integer and returns one; no pointers, no preconditions.
+    #[allow(unsafe_code)]
     let t = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
     if t > 0 {
         t as f64

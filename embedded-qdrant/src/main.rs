@@ -103,10 +103,10 @@ async fn run(args: Args) -> anyhow::Result<()> {
     };
     // TLS first: a bad certificate or key is refused before anything is opened.
     let (rest_tls, grpc_tls) = match (&args.tls_cert, &args.tls_key) {
-        (Some(cert), Some(key)) => (
-            Some(tls::rest_acceptor(cert, key)?),
-            Some(tls::grpc_config(cert, key)?),
-        ),
+        (Some(cert), Some(key)) => {
+            let tls = tls::load(cert, key)?;
+            (Some(tls.rest), Some(tls.grpc))
+        }
         _ => (None, None),
     };
     let store = Arc::new(tokio::task::block_in_place(|| {

@@ -41,17 +41,18 @@ use workloads::{Bulk, Clients};
 /// neither end of the measurement throttles a bulk upload.
 pub const H2_WINDOW: u32 = 4 * 1024 * 1024;
 
-/// Body sizes of the bulk rows: an UPSERT_100 of 1024-d vectors as REST JSON (763 KB) and
-/// as gRPC protobuf (416 KB), and the 800 KB upsert of the latency row.
 /// Why a peer has no in-memory handshake figure (rendered as a dash, not as a note).
 const NOT_RUSTLS: &str = "not rustls";
 /// Why openssl-qat has none: its signatures need the QAT provider loaded and its signer
 /// running, which only the proxy process has.
 const NOT_IN_PROCESS: &str = "QAT provider not loaded in loadgen";
 
+/// Body sizes: an UPSERT_100 of 1024-d vectors as REST JSON (763 KB, the bulk rows) and as
+/// gRPC protobuf (416 KB, the bulk and new-connection rows), and the 800 KB JSON upsert of
+/// the new-connection and latency rows.
 const REST_BODY: usize = 763 * 1024;
 const GRPC_BODY: usize = 416 * 1024;
-const LATENCY_BODY: usize = 800 * 1024;
+const LARGE_JSON_BODY: usize = 800 * 1024;
 
 /// The rows the benchmark can measure.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, ValueEnum, Serialize)]
@@ -504,14 +505,14 @@ pub async fn execute(args: &BenchArgs, stop: CancellationToken) -> Result<BenchR
     let (keys, mut rows, order) = declare_rows(args);
     let rest_body = json_body(REST_BODY);
     let grpc_body = grpc_body(GRPC_BODY);
-    let latency_body = json_body(LATENCY_BODY);
+    let large_json_body = json_body(LARGE_JSON_BODY);
     let direct_latency = if keys.latency.is_some() {
         let io = tokio::net::TcpStream::connect(sink).await?;
         io.set_nodelay(true)?;
         let mut sender = workloads::Sender::over(io, true).await?;
         let d = workloads::mean_latency(
             &mut sender,
-            &latency_body,
+            &large_json_body,
             &sink.to_string(),
             20,
             args.latency_requests,
@@ -559,7 +560,7 @@ pub async fn execute(args: &BenchArgs, stop: CancellationToken) -> Result<BenchR
     let bodies = Bodies {
         rest: &rest_body,
         grpc: &grpc_body,
-        latency: &latency_body,
+        large_json: &large_json_body,
     };
     for round in 1..=args.repeat.max(1) {
         if args.repeat > 1 {
@@ -887,7 +888,8 @@ struct UpsertKeys {
 struct Bodies<'a> {
     rest: &'a Bytes,
     grpc: &'a Bytes,
-    latency: &'a Bytes,
+    /// The 800 KB JSON upsert.
+    large_json: &'a Bytes,
 }
 
 /// How a timed row turns CPU-seconds and the work done into its figure.
@@ -1010,7 +1012,7 @@ async fn measure(
         let body = if k.kind == Bulk::Grpc {
             bodies.grpc
         } else {
-            bodies.latency
+            bodies.large_json
         };
         let run = |duration| {
             workloads::upserts_on_new_connections(
@@ -1083,7 +1085,7 @@ async fn measure(
             let mut sender = workloads::bulk_sender(addr, clients, Bulk::H2Rest).await?;
             workloads::mean_latency(
                 &mut sender,
-                bodies.latency,
+                bodies.large_json,
                 &format!("localhost:{}", addr.port()),
                 20,
                 args.latency_requests,

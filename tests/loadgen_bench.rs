@@ -92,9 +92,10 @@ fn bench_measures_every_row_for_the_proxy_and_both_peers() {
                 .unwrap_or_else(|| panic!("{name} / {column}: {figure}"));
             // "Beyond the in-memory handshake" and "added over the direct path" are
             // differences and may be negative on a noisy machine; a few idle connections may
-            // fit in memory the process already holds (RSS grows by 0); the rest are measured
-            // costs, which are positive.
-            if name.starts_with("RSS") {
+            // fit in memory the process already holds (RSS grows by 0); /proc counts a
+            // process's kernel time in clock ticks (10 ms), so a short test window may see none
+            // of it; the rest are measured costs, which are positive.
+            if name.starts_with("RSS") || name.starts_with("  of which in the kernel") {
                 assert!(value >= 0.0, "{name} / {column}: {value}");
             } else if !name.starts_with("  beyond") && !name.starts_with("  added") {
                 assert!(value > 0.0, "{name} / {column}: {value}");

@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 
 use clap::ValueEnum;
 use hdrhistogram::Histogram;
+use proxy::crypto::ProviderName;
 use serde::{Deserialize, Serialize};
 
 pub const SCHEMA: &str = "loadgen.run/v1";
@@ -81,8 +82,8 @@ impl Percentiles {
 /// Which cell of a comparison this run is.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Cell {
-    /// Provider name, or a peer's name (nginx, haproxy).
-    pub provider: String,
+    /// Who terminated TLS: the proxy with one of its providers, or a peer.
+    pub provider: CellProvider,
     pub algorithm: String,
     /// 1-based repeat round.
     pub repeat: u32,
@@ -216,7 +217,7 @@ pub struct RunConfig {
     /// Client session resumption.
     pub resumption: Option<OnOff>,
     /// The one TLS version offered; none: 1.3 and 1.2.
-    pub tls_version: Option<TlsVersionArg>,
+    pub tls_version: Option<TlsVersion>,
     /// The client's key-exchange group.
     pub kx: String,
     /// Warm-up before the measured phase.
@@ -362,16 +363,104 @@ impl RunResult {
     }
 }
 
-/// A TLS version as runs record it (and as the command line and the proxy's flags write it).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, ValueEnum)]
-pub enum TlsVersionArg {
-    #[value(name = "1.2")]
-    #[serde(rename = "1.2")]
-    V12,
-    #[value(name = "1.3")]
-    #[serde(rename = "1.3")]
-    V13,
+/// Who terminated TLS in a cell. Written as one string, the provider's name or the peer's
+/// (`"aws-lc-rs"`, `"nginx"`), so results read the same as when it was a bare name; a name
+/// the registry knows is the proxy's provider, any other a peer's (the peers script records
+/// nginx and HAProxy cells through `loadgen run --cell-provider`).
+///
+/// Ordered as reports list cells: the registry's providers in its order, then peers by name.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(from = "String", into = "String")]
+pub enum CellProvider {
+    /// The proxy, terminating with this provider.
+    Proxy(ProviderName),
+    /// Another terminator, by the name its cells carry.
+    Peer(String),
 }
+
+impl CellProvider {
+    /// The name results and reports write.
+    pub fn as_str(&self) -> &str {
+        match self {
+            Self::Proxy(p) => p.as_str(),
+            Self::Peer(name) => name,
+        }
+    }
+
+    /// A software provider of the proxy: where a ratio's baseline is chosen from.
+    pub fn is_software_provider(&self) -> bool {
+        matches!(self, Self::Proxy(p) if ProviderName::SOFTWARE.contains(p))
+    }
+}
+
+impl From<String> for CellProvider {
+    fn from(name: String) -> Self {
+        match name.parse::<ProviderName>() {
+            // Only the registry's own spelling: "aws_lc_rs" recorded by hand stays as written.
+            Ok(p) if p.as_str() == name => Self::Proxy(p),
+            _ => Self::Peer(name),
+        }
+    }
+}
+
+impl From<&str> for CellProvider {
+    fn from(name: &str) -> Self {
+        name.to_owned().into()
+    }
+}
+
+impl PartialEq<&str> for CellProvider {
+    fn eq(&self, name: &&str) -> bool {
+        self.as_str() == *name
+    }
+}
+
+impl From<CellProvider> for String {
+    fn from(p: CellProvider) -> Self {
+        match p {
+            CellProvider::Proxy(p) => p.as_str().to_owned(),
+            CellProvider::Peer(name) => name,
+        }
+    }
+}
+
+impl std::str::FromStr for CellProvider {
+    type Err = std::convert::Infallible;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Ok(s.to_owned().into())
+    }
+}
+
+impl std::fmt::Display for CellProvider {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl Ord for CellProvider {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        use std::cmp::Ordering;
+        match (self, other) {
+            (Self::Proxy(a), Self::Proxy(b)) => ProviderName::ALL
+                .iter()
+                .position(|p| p == a)
+                .cmp(&ProviderName::ALL.iter().position(|p| p == b)),
+            (Self::Proxy(_), Self::Peer(_)) => Ordering::Less,
+            (Self::Peer(_), Self::Proxy(_)) => Ordering::Greater,
+            (Self::Peer(a), Self::Peer(b)) => a.cmp(b),
+        }
+    }
+}
+
+impl PartialOrd for CellProvider {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+/// A TLS version as runs record it: the proxy's own type, so that a run, its result and the
+/// proxy it starts spell a version one way ("1.2", "1.3").
+pub use proxy::tls::TlsVersion;
 
 /// On or off, as runs record a switch (resumption, TLS verification, ...).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, ValueEnum)]
@@ -391,12 +480,42 @@ impl OnOff {
     }
 }
 
-impl TlsVersionArg {
-    /// As the command line and the proxy's flags write it.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::V12 => "1.2",
-            Self::V13 => "1.3",
-        }
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_cell_provider_is_written_as_its_name_and_read_back_as_what_it_names() {
+        let cell: Cell =
+            serde_json::from_str(r#"{"provider":"aws-lc-rs","algorithm":"rsa2048","repeat":1}"#)
+                .unwrap();
+        assert_eq!(cell.provider, CellProvider::Proxy(ProviderName::AwsLcRs));
+        let peer: Cell =
+            serde_json::from_str(r#"{"provider":"nginx","algorithm":"rsa2048","repeat":1}"#)
+                .unwrap();
+        assert_eq!(peer.provider, CellProvider::Peer("nginx".into()));
+        assert_eq!(
+            serde_json::to_string(&cell).unwrap(),
+            r#"{"provider":"aws-lc-rs","algorithm":"rsa2048","repeat":1}"#
+        );
+        // An alias the registry accepts stays as it was recorded, not renamed.
+        assert_eq!(
+            CellProvider::from("aws_lc_rs"),
+            CellProvider::Peer("aws_lc_rs".into())
+        );
+    }
+
+    #[test]
+    fn cell_providers_sort_as_reports_list_them() {
+        let mut v: Vec<CellProvider> = ["nginx", "openssl-qat", "haproxy", "ring", "aws-lc-rs"]
+            .into_iter()
+            .map(CellProvider::from)
+            .collect();
+        v.sort();
+        let names: Vec<&str> = v.iter().map(CellProvider::as_str).collect();
+        assert_eq!(
+            names,
+            ["ring", "aws-lc-rs", "openssl-qat", "haproxy", "nginx"]
+        );
     }
 }

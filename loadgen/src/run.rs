@@ -128,12 +128,12 @@ pub struct RunArgs {
     /// TLS session resumption on the client (off: a full handshake per new connection).
     #[arg(long, value_enum, default_value_t = OnOff::On)]
     pub resumption: OnOff,
-    /// Offer only this TLS version (default: 1.3 and 1.2).
-    #[arg(long, value_enum)]
-    pub tls_version: Option<TlsVersionArg>,
+    /// Offer only this TLS version, 1.2 or 1.3 (default: 1.3 and 1.2).
+    #[arg(long)]
+    pub tls_version: Option<TlsVersion>,
     /// The client's own crypto provider: ring, aws-lc-rs or openssl.
     #[arg(long, default_value = "aws-lc-rs")]
-    pub client_provider: String,
+    pub client_provider: ProviderName,
     /// Key-exchange groups the client offers, in order (comma-separated): x25519,
     /// secp256r1, secp384r1, x25519mlkem768.
     #[arg(long, default_value = "x25519")]
@@ -271,7 +271,7 @@ pub struct RunArgs {
 
     /// Comparison cell this run belongs to (set by `compare` and the peers script).
     #[arg(long, hide = true)]
-    pub cell_provider: Option<String>,
+    pub cell_provider: Option<CellProvider>,
     #[arg(long, hide = true)]
     pub cell_algorithm: Option<String>,
     #[arg(long, hide = true, default_value_t = 1)]
@@ -368,9 +368,6 @@ impl RunArgs {
         self.request_headers()?;
         let target = Target::parse(&self.target)?;
         let protocol = self.protocol.unwrap_or_else(|| target.default_protocol());
-        self.client_provider
-            .parse::<ProviderName>()
-            .map_err(|e| anyhow!("--client-provider: {e}"))?;
         self.kx
             .parse::<KxGroupName>()
             .map_err(|e| anyhow!("--kx: {e}"))?;
@@ -637,10 +634,7 @@ impl RunPlan {
         args.check()?;
         let target = Target::parse(&args.target)?;
         let protocol = args.protocol.unwrap_or_else(|| target.default_protocol());
-        let client_provider: ProviderName = args
-            .client_provider
-            .parse()
-            .map_err(|e| anyhow!("--client-provider: {e}"))?;
+        let client_provider = args.client_provider;
         let kx: KxGroupName = args.kx.parse().map_err(|e| anyhow!("--kx: {e}"))?;
         let client_library = Provider::new(client_provider, &[kx])
             .context("--client-provider")?
@@ -650,11 +644,7 @@ impl RunPlan {
                 proxy::tls::client::ClientTls {
                     provider: client_provider,
                     kx_groups: vec![kx],
-                    versions: match args.tls_version {
-                        Some(TlsVersionArg::V12) => vec![proxy::config::TlsVersion::Tls12],
-                        Some(TlsVersionArg::V13) => vec![proxy::config::TlsVersion::Tls13],
-                        None => vec![],
-                    },
+                    versions: args.tls_version.into_iter().collect(),
                     trust: crate::client::tls::trust(
                         client_provider,
                         args.ca.as_deref(),

@@ -72,7 +72,7 @@ fn medians_spreads_baselines_and_oriented_ratios() {
     assert_eq!(rep.providers, vec!["ring", "aws-lc-rs", "openssl-qat"]);
     assert_eq!(rep.repeats, 3);
     match rep
-        .figure("aws-lc-rs", "rsa2048", "requests_per_second")
+        .figure(&"aws-lc-rs".into(), "rsa2048", "requests_per_second")
         .unwrap()
     {
         Figure::Value {
@@ -91,26 +91,32 @@ fn medians_spreads_baselines_and_oriented_ratios() {
         rep.baselines[&("rsa2048".to_owned(), "requests_per_second")].0,
         "aws-lc-rs"
     );
-    assert!((rep.ratio("openssl-qat", "rsa2048", rps).unwrap() - 190.0 / 125.0).abs() < 1e-9);
-    assert!((rep.ratio("ring", "rsa2048", rps).unwrap() - 100.0 / 125.0).abs() < 1e-9);
+    assert!(
+        (rep.ratio(&"openssl-qat".into(), "rsa2048", rps).unwrap() - 190.0 / 125.0).abs() < 1e-9
+    );
+    assert!((rep.ratio(&"ring".into(), "rsa2048", rps).unwrap() - 100.0 / 125.0).abs() < 1e-9);
     // P50: lower is better, so the ratio is best / value (30 / 20 = 1.5x for QAT).
     let p50 = metric("latency_p50_ms");
-    assert!((rep.ratio("openssl-qat", "rsa2048", p50).unwrap() - 1.5).abs() < 1e-9);
+    assert!((rep.ratio(&"openssl-qat".into(), "rsa2048", p50).unwrap() - 1.5).abs() < 1e-9);
     // Requests per watt: derived where power exists (125 / 250 = 0.5 for aws-lc-rs), n/a with
     // the reason where it does not.
     let rpw = rep
-        .figure("aws-lc-rs", "rsa2048", "requests_per_watt")
+        .figure(&"aws-lc-rs".into(), "rsa2048", "requests_per_watt")
         .unwrap();
     assert!((rpw.median().unwrap() - 0.5).abs() < 1e-9);
     match rep
-        .figure("openssl-qat", "rsa2048", "requests_per_watt")
+        .figure(&"openssl-qat".into(), "rsa2048", "requests_per_watt")
         .unwrap()
     {
         Figure::Missing(reason) => assert_eq!(reason, "no RAPL here"),
         other => panic!("{other:?}"),
     }
     assert_eq!(
-        rep.ratio("openssl-qat", "rsa2048", metric("requests_per_watt")),
+        rep.ratio(
+            &"openssl-qat".into(),
+            "rsa2048",
+            metric("requests_per_watt")
+        ),
         None
     );
 

@@ -15,8 +15,9 @@ use crate::http::{BufferBudget, HttpForwarder};
 use crate::listener::{bind, ListenerCtx, Mode};
 use crate::metrics::Metrics;
 use crate::plan::{ListenerPlan, Plan};
-use crate::switch::{build_listener_tls, ListenerLabels, SwitchableListener, TlsBuildError};
+use crate::switch::SwitchableListener;
 use crate::tls::{self, Offload};
+use crate::tls::{build_listener_tls, ListenerLabels, TlsBuildError};
 use crate::upstream::{UpstreamPool, UpstreamTlsPair};
 
 /// Why the proxy could not start; each names the listener, file, address or setting.

@@ -671,13 +671,13 @@ fn check_config(args: CheckConfigArgs) -> ExitCode {
     // printed after the configuration.
     let mut offered = Vec::new();
     for lp in &plan.listeners {
-        let labels = crate::switch::ListenerLabels {
+        let labels = crate::tls::ListenerLabels {
             name: lp.name.clone(),
             mode: lp.mode_label(),
             // Scratch metrics, never served: the label only has to be well-formed.
             offload: "check",
         };
-        match crate::switch::build_listener_tls(&lp.tls, &labels, qat_state.as_deref(), &scratch) {
+        match crate::tls::build_listener_tls(&lp.tls, &labels, qat_state.as_deref(), &scratch) {
             Ok(built) => {
                 offered.push(format!(
                     "# listener[{}] {}: provider {} ({}) offers key exchange {}\n",

@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 use crate::crypto::ProviderName;
 // A listener's TLS and upstream settings are `tls`'s and `upstream`'s types, read here
 // from the file.
-pub use crate::tls::{HandshakeOffload, TlsPolicy, TlsVersion};
+pub use crate::tls::{server_name_matches, HandshakeOffload, TlsPolicy, TlsVersion};
 pub use crate::upstream::{Balance, HealthCheckConfig, HealthCheckKind, UpstreamTlsConfig};
 
 /// Admin listener default: loopback only, so metrics and the admin API are never exposed
@@ -437,17 +437,6 @@ pub struct SniCertificate {
     pub cert: PathBuf,
     /// Private key (PEM).
     pub key: PathBuf,
-}
-
-/// Whether `pattern` (a configured name, lowercase) covers the client's `name`: equal, or
-/// `*.rest` and `name` is one more label in front of `rest`.
-pub fn server_name_matches(pattern: &str, name: &str) -> bool {
-    match pattern.strip_prefix("*.") {
-        Some(rest) => name
-            .split_once('.')
-            .is_some_and(|(label, tail)| !label.is_empty() && tail.eq_ignore_ascii_case(rest)),
-        None => pattern.eq_ignore_ascii_case(name),
-    }
 }
 
 pub(crate) fn server_name_problem(name: &str) -> Option<String> {

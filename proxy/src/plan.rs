@@ -17,13 +17,14 @@ use std::time::Duration;
 use crate::access_log::AccessLogConfig;
 use crate::config::{
     server_name_problem, Balance, Config, ConfigError, HandshakeOffload, HealthCheckConfig,
-    HealthCheckKind, Limits, ListenerMode, TlsPolicy, UpstreamProtocol, UpstreamTlsConfig,
-    MAX_UPSTREAM_NODES,
+    HealthCheckKind, Limits, ListenerMode, UpstreamProtocol, UpstreamTlsConfig, MAX_UPSTREAM_NODES,
 };
-use crate::crypto::qat::{Fallback, QatConfig};
+use crate::crypto::qat::QatConfig;
 use crate::crypto::ProviderName;
 use crate::trust::TrustedProxies;
 use crate::upstream::UpstreamAddr;
+
+pub use crate::tls::{SniPlan, TlsPlan};
 
 /// The whole process, checked and parsed.
 #[derive(Clone, Debug)]
@@ -101,67 +102,6 @@ impl ListenerPlan {
             ListenerMode::Tcp => "tcp",
         }
     }
-}
-
-/// What a listener's TLS is built from: rebuilt from this on every reload and switch.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct TlsPlan {
-    /// The provider asked for (the listener's, else the top-level one). What is in effect
-    /// may be software OpenSSL when openssl-qat falls back: see `fallback`.
-    pub provider: ProviderName,
-    /// The default certificate chain: for clients that name no SNI certificate's server.
-    pub cert: PathBuf,
-    /// Its private key.
-    pub key: PathBuf,
-    /// Certificates chosen by server name; they follow the default's provider.
-    pub sni: Vec<SniPlan>,
-    /// Versions, groups, resumption, ALPN, client CA.
-    pub policy: TlsPolicy,
-    /// ALPN protocols when the policy lists none (the mode's default).
-    pub default_alpn: &'static [&'static [u8]],
-    /// Whether an openssl-qat provider that is missing or fails its proof may be replaced
-    /// by software OpenSSL. Start-up follows `qat.fallback`; a run-time switch or reload
-    /// never falls back (a switch that quietly lands on software would be a lie).
-    pub fallback: Fallback,
-}
-
-impl TlsPlan {
-    /// The same listener with another provider and default certificate, as `POST
-    /// /admin/tls` asks: SNI certificates keep their files, nothing falls back.
-    pub fn switched(&self, provider: ProviderName, cert: PathBuf, key: PathBuf) -> Self {
-        Self {
-            provider,
-            cert,
-            key,
-            fallback: Fallback::None,
-            ..self.clone()
-        }
-    }
-
-    /// Every private key file it reads, default first.
-    pub fn keys(&self) -> impl Iterator<Item = &std::path::Path> {
-        std::iter::once(self.key.as_path()).chain(self.sni.iter().map(|s| s.key.as_path()))
-    }
-
-    /// Every certificate and key file it reads, default first.
-    pub fn files(&self) -> impl Iterator<Item = &std::path::Path> {
-        [self.cert.as_path(), self.key.as_path()].into_iter().chain(
-            self.sni
-                .iter()
-                .flat_map(|s| [s.cert.as_path(), s.key.as_path()]),
-        )
-    }
-}
-
-/// A certificate served to clients that ask for one of its names.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct SniPlan {
-    /// The names, lowercase (`*.example.com` wildcards included).
-    pub names: Vec<String>,
-    /// Certificate chain.
-    pub cert: PathBuf,
-    /// Private key.
-    pub key: PathBuf,
 }
 
 impl Plan {
@@ -574,6 +514,7 @@ fn listener_plan(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::crypto::qat::Fallback;
 
     fn plan_of(text: &str) -> Result<Plan, ConfigError> {
         Plan::new(&toml::from_str::<Config>(text).unwrap())

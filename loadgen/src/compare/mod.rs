@@ -22,7 +22,7 @@ use crate::client::http::{send, Options};
 use crate::client::Protocol;
 use crate::driver::ConnectionPolicy;
 use crate::result::{Cell, CellFailure, FAILURE_SCHEMA};
-use crate::result::{OnOff, TlsVersionArg};
+use crate::result::{CellProvider, OnOff, TlsVersion};
 use crate::run::{self, RunArgs};
 use procs::{parse_cpu_list, sibling_binary, Managed};
 
@@ -62,14 +62,14 @@ impl Profile {
 pub struct CompareArgs {
     /// Providers to compare (comma-separated).
     #[arg(long, value_delimiter = ',', default_value = "ring,aws-lc-rs,openssl")]
-    pub providers: Vec<String>,
+    pub providers: Vec<ProviderName>,
     /// Certificate algorithms to compare (comma-separated).
     #[arg(
         long,
         value_delimiter = ',',
         default_value = "rsa2048,rsa4096,ecdsa-p256,ecdsa-p384"
     )]
-    pub algorithms: Vec<String>,
+    pub algorithms: Vec<CertAlgorithmName>,
     /// Output folder: cells/*.json, report.md, report.csv, report.html.
     #[arg(long, default_value = "results/compare")]
     pub out: PathBuf,
@@ -109,9 +109,9 @@ pub struct CompareArgs {
     /// Key-exchange groups of every cell, client and proxy alike (comma-separated).
     #[arg(long, default_value = "x25519")]
     pub kx: String,
-    /// The TLS version of every cell, client and proxy alike.
-    #[arg(long, value_enum, default_value_t = TlsVersionArg::V13)]
-    pub tls_version: TlsVersionArg,
+    /// The TLS version of every cell, client and proxy alike: 1.2 or 1.3.
+    #[arg(long, default_value_t = TlsVersion::Tls13)]
+    pub tls_version: TlsVersion,
 
     /// Reactor threads of each proxy (default: the proxy's own default, one per CPU).
     #[arg(long)]
@@ -274,14 +274,18 @@ fn dir_bytes(dir: &Path) -> u64 {
 
 /// Every cell of the matrix, in run order: rounds outermost, then algorithms, then providers
 /// (so the providers of one algorithm run back to back).
-pub fn plan(providers: &[String], algorithms: &[String], repeat: u32) -> Vec<Cell> {
+pub fn plan(
+    providers: &[ProviderName],
+    algorithms: &[CertAlgorithmName],
+    repeat: u32,
+) -> Vec<Cell> {
     let mut cells = Vec::new();
     for r in 1..=repeat.max(1) {
         for a in algorithms {
             for p in providers {
                 cells.push(Cell {
-                    provider: p.clone(),
-                    algorithm: a.clone(),
+                    provider: CellProvider::Proxy(*p),
+                    algorithm: a.to_string(),
                     repeat: r,
                 });
             }
@@ -372,18 +376,7 @@ fn cell_run_args(base: &RunArgs, cell: &Cell, target: &str, ca: &Path, out: &Pat
 
 /// Runs the whole comparison; returns the cells that failed.
 pub async fn execute(args: &CompareArgs, stop: CancellationToken) -> Result<Vec<CellFailure>> {
-    let providers: Vec<ProviderName> = args
-        .providers
-        .iter()
-        .map(|p| p.parse().map_err(|e| anyhow!("--providers: {e}")))
-        .collect::<Result<_>>()?;
-    let algorithms: Vec<CertAlgorithmName> = args
-        .algorithms
-        .iter()
-        .map(|a| a.parse().map_err(|e| anyhow!("--algorithms: {e}")))
-        .collect::<Result<_>>()?;
-    let provider_names: Vec<String> = providers.iter().map(|p| p.to_string()).collect();
-    let algorithm_names: Vec<String> = algorithms.iter().map(|a| a.to_string()).collect();
+    let (providers, algorithms) = (&args.providers, &args.algorithms);
     let repeat = args.repeat.unwrap_or(args.profile.repeat());
     // Every cell's flags are parsed and checked once, up front, before anything starts.
     let base = base_run_args(args)
@@ -438,7 +431,7 @@ pub async fn execute(args: &CompareArgs, stop: CancellationToken) -> Result<Vec<
     } else {
         Some(start_upstream(args, &work)?)
     };
-    let cells = plan(&provider_names, &algorithm_names, repeat);
+    let cells = plan(providers, algorithms, repeat);
     let started = Instant::now();
     let mut failures = Vec::new();
     for (i, cell) in cells.iter().enumerate() {
@@ -594,7 +587,7 @@ async fn run_local_cell(
             "--upstream",
             upstream,
         ])
-        .args(["--provider", &cell.provider])
+        .args(["--provider", cell.provider.as_str()])
         .arg("--cert")
         .arg(cert_dir.join(format!("{}.crt", cell.algorithm)))
         .arg("--key")
@@ -779,7 +772,7 @@ mod tests {
         assert_eq!(base.points_per_request, 10);
         assert_eq!(base.concurrency, 6);
         assert_eq!(base.resumption, OnOff::On);
-        assert_eq!(base.tls_version, Some(TlsVersionArg::V12));
+        assert_eq!(base.tls_version, Some(TlsVersion::Tls12));
         assert_eq!(
             base.duration.map(Duration::from),
             Some(Duration::from_secs(2))
@@ -792,7 +785,7 @@ mod tests {
         assert_eq!(base.collection, "compare");
         assert!(base.recreate && base.quiet);
         let cell = Cell {
-            provider: "ring".into(),
+            provider: CellProvider::Proxy(ProviderName::Ring),
             algorithm: "rsa2048".into(),
             repeat: 2,
         };
@@ -804,7 +797,10 @@ mod tests {
             Path::new("out.json"),
         );
         assert_eq!(run.target, "localhost:4433");
-        assert_eq!(run.cell_provider.as_deref(), Some("ring"));
+        assert_eq!(
+            run.cell_provider,
+            Some(CellProvider::Proxy(ProviderName::Ring))
+        );
         assert_eq!(run.cell_algorithm.as_deref(), Some("rsa2048"));
         assert_eq!(run.cell_repeat, 2);
         assert_eq!(run.ca.as_deref(), Some(Path::new("ca.crt")));

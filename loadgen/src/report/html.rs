@@ -74,7 +74,7 @@ pub fn render(r: &Report) -> String {
         }
         let _ = writeln!(s, "</tr>");
         for p in &r.providers {
-            let _ = write!(s, "<tr><td>{}</td>", esc(p));
+            let _ = write!(s, "<tr><td>{}</td>", esc(p.as_str()));
             for m in METRICS {
                 match r.figure(p, a, m.key) {
                     Some(f @ Figure::Value { .. }) => {
@@ -109,7 +109,11 @@ pub fn render(r: &Report) -> String {
             .iter()
             .filter_map(|p| {
                 let b = r.bounds.get(&(p.clone(), a.clone()))?;
-                Some(format!("<li>{}: bounded by {}</li>", esc(p), esc(b)))
+                Some(format!(
+                    "<li>{}: bounded by {}</li>",
+                    esc(p.as_str()),
+                    esc(b)
+                ))
             })
             .collect();
         if !bounded.is_empty() {
@@ -126,7 +130,7 @@ pub fn render(r: &Report) -> String {
             let _ = writeln!(
                 s,
                 "<li>{} {} round {}: {}</li>",
-                esc(&f.cell.provider),
+                esc(f.cell.provider.as_str()),
                 esc(&f.cell.algorithm),
                 f.cell.repeat,
                 esc(&f.reason)

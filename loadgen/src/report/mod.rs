@@ -18,23 +18,9 @@ use anyhow::{bail, Context, Result};
 
 use proxy::crypto::{CertAlgorithmName, ProviderName};
 
-use crate::result::{CellFailure, Measured, RunResult, FAILURE_SCHEMA, SCHEMA};
-use crate::result::{OnOff, TlsVersionArg};
+use crate::result::{CellFailure, CellProvider, Measured, RunResult, FAILURE_SCHEMA, SCHEMA};
+use crate::result::{OnOff, TlsVersion};
 
-/// Providers a ratio's baseline is chosen from: the registry's software providers.
-pub const SOFTWARE_PROVIDERS: [&str; 3] = [
-    ProviderName::SOFTWARE[0].as_str(),
-    ProviderName::SOFTWARE[1].as_str(),
-    ProviderName::SOFTWARE[2].as_str(),
-];
-
-/// Report order: the registry's providers first, then peers by name.
-const PROVIDER_ORDER: [&str; 4] = [
-    ProviderName::ALL[0].as_str(),
-    ProviderName::ALL[1].as_str(),
-    ProviderName::ALL[2].as_str(),
-    ProviderName::ALL[3].as_str(),
-];
 const ALGORITHM_ORDER: [&str; 4] = [
     CertAlgorithmName::ALL[0].as_str(),
     CertAlgorithmName::ALL[1].as_str(),
@@ -254,12 +240,13 @@ impl Figure {
 
 /// Everything the renderers need, computed once.
 pub struct Report {
-    pub providers: Vec<String>,
+    /// In report order (`CellProvider`'s: the registry's providers, then peers by name).
+    pub providers: Vec<CellProvider>,
     pub algorithms: Vec<String>,
     /// (provider, algorithm) -> metric key -> figure.
-    pub figures: BTreeMap<(String, String), BTreeMap<&'static str, Figure>>,
+    pub figures: BTreeMap<(CellProvider, String), BTreeMap<&'static str, Figure>>,
     /// (algorithm, metric key) -> (best software provider, its median).
-    pub baselines: BTreeMap<(String, &'static str), (String, f64)>,
+    pub baselines: BTreeMap<(String, &'static str), (CellProvider, f64)>,
     pub failures: Vec<CellFailure>,
     /// Facts about the set-up, from the first result.
     pub setup: Vec<(String, String)>,
@@ -268,18 +255,23 @@ pub struct Report {
     /// Per algorithm, in algorithm order: what decides (see `verdicts()`).
     pub verdicts: Vec<(String, Vec<String>)>,
     /// (provider, algorithm) -> what bounded the cell's throughput, from its first round.
-    pub bounds: BTreeMap<(String, String), String>,
+    pub bounds: BTreeMap<(CellProvider, String), String>,
 }
 
 impl Report {
-    pub fn figure(&self, provider: &str, algorithm: &str, metric: &str) -> Option<&Figure> {
+    pub fn figure(
+        &self,
+        provider: &CellProvider,
+        algorithm: &str,
+        metric: &str,
+    ) -> Option<&Figure> {
         self.figures
-            .get(&(provider.to_owned(), algorithm.to_owned()))
+            .get(&(provider.clone(), algorithm.to_owned()))
             .and_then(|m| m.get(metric))
     }
 
     /// The ratio against the best software provider, oriented so that above 1 is better.
-    pub fn ratio(&self, provider: &str, algorithm: &str, metric: &Metric) -> Option<f64> {
+    pub fn ratio(&self, provider: &CellProvider, algorithm: &str, metric: &Metric) -> Option<f64> {
         let value = self.figure(provider, algorithm, metric.key)?.median()?;
         let (_, best) = self.baselines.get(&(algorithm.to_owned(), metric.key))?;
         let r = match metric.better {
@@ -325,7 +317,7 @@ pub fn load(dir: &Path) -> Result<Report> {
     files.sort();
     // (provider, algorithm) -> repeat -> the results of that repeat: several when loadgen
     // processes ran the cell side by side (merged below).
-    let mut parts: BTreeMap<(String, String), RepeatParts> = BTreeMap::new();
+    let mut parts: BTreeMap<(CellProvider, String), RepeatParts> = BTreeMap::new();
     let mut failures: Vec<CellFailure> = Vec::new();
     for f in &files {
         let bytes = std::fs::read(f).with_context(|| format!("reading {}", f.display()))?;
@@ -352,7 +344,7 @@ pub fn load(dir: &Path) -> Result<Report> {
             other => bail!("{}: unknown schema {other:?}", f.display()),
         }
     }
-    let mut runs: BTreeMap<(String, String), Vec<RunResult>> = BTreeMap::new();
+    let mut runs: BTreeMap<(CellProvider, String), Vec<RunResult>> = BTreeMap::new();
     for (cell, repeats) in parts {
         for (_, mut list) in repeats {
             let run = if list.len() == 1 {
@@ -367,12 +359,12 @@ pub fn load(dir: &Path) -> Result<Report> {
     if runs.is_empty() && failures.is_empty() {
         bail!("no cell results in {}", cells_dir.display());
     }
-    let mut providers: Vec<String> = runs
+    let mut providers: Vec<CellProvider> = runs
         .keys()
         .map(|(p, _)| p.clone())
         .chain(failures.iter().map(|f| f.cell.provider.clone()))
         .collect();
-    providers.sort_by_key(|p| order_key(&PROVIDER_ORDER, p));
+    providers.sort();
     providers.dedup();
     let mut algorithms: Vec<String> = runs
         .keys()
@@ -418,10 +410,10 @@ pub fn load(dir: &Path) -> Result<Report> {
     let mut baselines = BTreeMap::new();
     for a in &algorithms {
         for m in METRICS {
-            let mut best: Option<(String, f64)> = None;
-            for p in SOFTWARE_PROVIDERS {
+            let mut best: Option<(CellProvider, f64)> = None;
+            for p in ProviderName::SOFTWARE.map(CellProvider::Proxy) {
                 let Some(v) = figures
-                    .get(&(p.to_owned(), a.clone()))
+                    .get(&(p.clone(), a.clone()))
                     .and_then(|f: &BTreeMap<&str, Figure>| f.get(m.key))
                     .and_then(Figure::median)
                 else {
@@ -433,7 +425,7 @@ pub fn load(dir: &Path) -> Result<Report> {
                     (Some((_, b)), Better::Lower) => v < *b,
                 };
                 if better {
-                    best = Some((p.to_owned(), v));
+                    best = Some((p, v));
                 }
             }
             if let Some(b) = best {
@@ -586,12 +578,12 @@ fn beyond_spread(a: &Figure, b: &Figure) -> Option<bool> {
 fn verdicts(r: &Report) -> Vec<(String, Vec<String>)> {
     let metric = |key: &str| METRICS.iter().find(|m| m.key == key).expect("metric");
     let ranked = |a: &str, m: &Metric| {
-        let mut v: Vec<(&str, &Figure, f64)> = r
+        let mut v: Vec<(&CellProvider, &Figure, f64)> = r
             .providers
             .iter()
             .filter_map(|p| {
                 let f = r.figure(p, a, m.key)?;
-                Some((p.as_str(), f, f.median()?))
+                Some((p, f, f.median()?))
             })
             .collect();
         v.sort_by(|x, y| match m.better {
@@ -625,11 +617,11 @@ fn verdicts(r: &Report) -> Vec<(String, Vec<String>)> {
             let same: Vec<&str> = rest
                 .iter()
                 .filter(|(_, g, _)| beyond_spread(f, g) != Some(true))
-                .map(|(q, _, _)| *q)
+                .map(|(q, _, _)| q.as_str())
                 .collect();
             let bound = r
                 .bounds
-                .get(&((*p).to_owned(), a.clone()))
+                .get(&((*p).clone(), a.clone()))
                 .map(String::as_str)
                 .unwrap_or("unknown");
             let proxy_bound = bound.starts_with("proxy") || bound.contains("most: proxy");
@@ -685,7 +677,7 @@ fn setup_facts(r: &RunResult) -> Vec<(String, String)> {
                 "policy {}, resumption {}, TLS {}, key exchange {}, concurrency {}",
                 c.connection_policy,
                 or_default(c.resumption.map(OnOff::as_str)),
-                or_default(c.tls_version.map(TlsVersionArg::as_str)),
+                or_default(c.tls_version.map(TlsVersion::as_str)),
                 c.kx,
                 c.concurrency
             ),
@@ -815,7 +807,7 @@ pub fn csv(r: &Report) -> String {
                     .baselines
                     .get(&(a.clone(), m.key))
                     .map(|(b, _)| b.as_str())
-                    .unwrap_or("");
+                    .unwrap_or_default();
                 let ratio = r
                     .ratio(p, a, m)
                     .map(|x| format!("{x:.4}"))

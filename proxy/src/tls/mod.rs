@@ -1,8 +1,10 @@
-//! TLS: building each listener's `ServerConfig` from its policy and provider, and driving
-//! handshakes, either inline on the reactor, with the signing step on a dedicated pool, or
-//! (openssl-qat) waiting for the asynchronous QAT signer on a blocking thread.
+//! TLS: building each listener's `ServerConfig` from its policy and the provider in effect
+//! (`listener.rs`: what a listener's TLS is built from and what it handshakes with), and
+//! driving handshakes, either inline on the reactor, with the signing step on a dedicated
+//! pool, or (openssl-qat) waiting for the asynchronous QAT signer on a blocking thread.
 
 pub mod client;
+mod listener;
 pub mod measure;
 mod settings;
 
@@ -18,9 +20,13 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio_rustls::server::TlsStream;
 use tokio_rustls::LazyConfigAcceptor;
 
-use crate::crypto::qat::{Fallback, QatError, QatState};
+use crate::crypto::qat::{provider_in_effect, Fallback, QatState};
 use crate::crypto::{
     load_certified_key, load_client_ca, CryptoError, LoadedCert, Provider, ProviderName,
+};
+pub use listener::{
+    build_listener_tls, server_name_matches, BuiltTls, ListenerLabels, ListenerTls, SniPlan,
+    SniTls, TlsBuildError, TlsPlan,
 };
 pub use settings::{HandshakeOffload, TlsPolicy, TlsVersion};
 
@@ -44,10 +50,9 @@ pub struct ResolvedTls {
     pub fell_back: Option<String>,
 }
 
-/// What a listener's provider choice becomes, in one place for start-up, `check-config`,
-/// reloads and the run-time switch: `requested` as planned; `qat` the activated QAT
-/// provider, if any; `fallback` whether a QAT provider that is missing or does not offload
-/// may be replaced by software OpenSSL (`plan::TlsPlan::fallback`).
+/// A listener's TLS with the provider in effect for `requested` (the QAT proof and fallback
+/// are `crypto::qat::provider_in_effect`'s), for start-up, `check-config`, reloads and the
+/// run-time switch alike.
 pub fn resolve_listener_tls(
     requested: ProviderName,
     cert: &Path,
@@ -57,46 +62,16 @@ pub fn resolve_listener_tls(
     qat: Option<&QatState>,
     fallback: Fallback,
 ) -> Result<ResolvedTls, CryptoError> {
-    let build = |name: ProviderName, fell_back: Option<String>| {
-        let (provider, cert, config) = listener_tls(name, cert, key, policy, default_alpn)?;
-        Ok::<_, CryptoError>(ResolvedTls {
-            provider,
-            cert,
-            config,
-            qat_proof: None,
-            fell_back,
-        })
-    };
-    if requested != ProviderName::OpensslQat {
-        return build(requested, None);
-    }
-    let Some(state) = qat else {
-        return match fallback {
-            Fallback::Software => build(
-                ProviderName::Openssl,
-                Some("the QAT provider is not active".to_owned()),
-            ),
-            Fallback::None => Err(QatError::Unavailable(
-                "the QAT provider is not active in this process".to_owned(),
-            )
-            .into()),
-        };
-    };
-    // The proof first: a provider that fails or does not offload is named as such, before
-    // loading the certificate signs through it (where a provider error would read as a key
-    // problem).
-    match state.prove_signing(key) {
-        Ok(proof) => Ok(ResolvedTls {
-            qat_proof: Some(proof.to_string()),
-            ..build(requested, None)?
-        }),
-        // A key that cannot be read is the key's problem: software would not read it either.
-        Err(e @ QatError::Key(_)) => Err(e.into()),
-        Err(e) if fallback == Fallback::Software => {
-            build(ProviderName::Openssl, Some(e.to_string()))
-        }
-        Err(e) => Err(e.into()),
-    }
+    let in_effect = provider_in_effect(requested, key, qat, fallback)?;
+    let (provider, cert, config) =
+        listener_tls(in_effect.provider, cert, key, policy, default_alpn)?;
+    Ok(ResolvedTls {
+        provider,
+        cert,
+        config,
+        qat_proof: in_effect.qat_proof,
+        fell_back: in_effect.fell_back,
+    })
 }
 
 /// A listener's provider, checked certificate and rustls configuration (see

@@ -30,12 +30,19 @@ pub enum TlsVersion {
     Tls13,
 }
 
-impl std::fmt::Display for TlsVersion {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
+impl TlsVersion {
+    /// As the configuration file, the command lines and loadgen's results write it.
+    pub const fn as_str(self) -> &'static str {
+        match self {
             Self::Tls12 => "1.2",
             Self::Tls13 => "1.3",
-        })
+        }
+    }
+}
+
+impl std::fmt::Display for TlsVersion {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
     }
 }
 

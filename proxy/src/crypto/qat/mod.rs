@@ -1,6 +1,7 @@
 //! OpenSSL + Intel QuickAssist: loading QAT_Engine's OpenSSL 3 provider with the settings
 //! it really reads, signing through it asynchronously and batched, and proving at start-up
-//! that it offloads.
+//! that it offloads; and which provider a listener that asks for openssl-qat is served by
+//! ([`provider_in_effect`]: the proof, and the software fallback `qat.fallback` allows).
 //!
 //! QAT_Engine's provider (v1.8 and later) takes its settings from its section of an OpenSSL
 //! configuration file (`enable_external_polling`, `qat_poll_interval`, ...), read once when
@@ -27,6 +28,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use super::ProviderName;
 use signer::{AsyncSigner, Padding};
 
 /// The default property query while QAT is active: OpenSSL's default provider for
@@ -317,6 +319,61 @@ pub enum Activation {
     /// It could not be activated and `qat.fallback = "software"`: openssl-qat listeners
     /// sign in software OpenSSL, for this reason.
     FellBack(QatError),
+}
+
+/// The provider a listener that asked for `requested` signs with, and what start-up reports
+/// about it (see [`provider_in_effect`]).
+#[derive(Debug)]
+pub struct InEffect {
+    /// The provider in effect: `requested`, or software OpenSSL where openssl-qat fell back.
+    pub provider: ProviderName,
+    /// openssl-qat in effect: the proof that signatures with the listener's key are offloaded.
+    pub qat_proof: Option<String>,
+    /// openssl-qat was asked for and software OpenSSL is in effect, and why.
+    pub fell_back: Option<String>,
+}
+
+/// Which provider is in effect for a listener: the one answer start-up, `check-config`,
+/// reloads and the run-time switch all use. `requested` as planned; `state` the activated
+/// QAT provider, if any; `fallback` whether an openssl-qat request whose provider is missing
+/// or does not offload may be served by software OpenSSL. For openssl-qat the signing
+/// proof runs here with the listener's key, so a provider that does not offload is named as
+/// such before the key is loaded through it (where its error would read as a key problem).
+pub fn provider_in_effect(
+    requested: ProviderName,
+    key: &Path,
+    state: Option<&QatState>,
+    fallback: Fallback,
+) -> Result<InEffect, QatError> {
+    let in_effect = |provider, qat_proof, fell_back| InEffect {
+        provider,
+        qat_proof,
+        fell_back,
+    };
+    if requested != ProviderName::OpensslQat {
+        return Ok(in_effect(requested, None, None));
+    }
+    let Some(state) = state else {
+        return match fallback {
+            Fallback::Software => Ok(in_effect(
+                ProviderName::Openssl,
+                None,
+                Some("the QAT provider is not active".to_owned()),
+            )),
+            Fallback::None => Err(QatError::Unavailable(
+                "the QAT provider is not active in this process".to_owned(),
+            )),
+        };
+    };
+    match state.prove_signing(key) {
+        Ok(proof) => Ok(in_effect(requested, Some(proof.to_string()), None)),
+        // A key that cannot be read is the key's problem: software would not read it either.
+        Err(e @ QatError::Key(_)) => Err(e),
+        Err(e) if fallback == Fallback::Software => {
+            Ok(in_effect(ProviderName::Openssl, None, Some(e.to_string())))
+        }
+        Err(e) => Err(e),
+    }
 }
 
 /// [`activate`], with `cfg.fallback` applied: the one place the process-wide fallback is

@@ -19,7 +19,9 @@
 //!   health checks and upstream TLS; [`io`] deadlines and byte accounting;
 //! - [`admin`] /metrics, /healthz, /readyz and the switch API; [`metrics`] every metric;
 //!   [`access_log`] one line per request; [`ratelog`] rate-limited peer log lines;
-//! - [`allocator`] the C allocator's thresholds, so connections reuse freed buffers.
+//! - [`allocator`] the C allocator's thresholds, so connections reuse freed buffers;
+//! - [`launch`] starting a `proxy run` process from typed settings and reading its ready
+//!   file: the one launcher of loadgen, the examples and the tests.
 
 // Unsafe code is confined to the OpenSSL calls that rustls-openssl and the openssl crate
 // do not expose, all in `crypto::qat`: `ffi` (the provider and ASYNC job bindings) and
@@ -37,6 +39,7 @@ pub mod config;
 pub mod crypto;
 pub mod http;
 pub mod io;
+pub mod launch;
 pub mod listener;
 pub mod metrics;
 pub mod plan;

@@ -324,16 +324,10 @@ pub fn write_ready_file(
     listeners: &[(String, SocketAddr)],
     admin: Option<SocketAddr>,
 ) -> std::io::Result<()> {
-    let listeners: serde_json::Map<String, serde_json::Value> = listeners
-        .iter()
-        .map(|(n, a)| (n.clone(), serde_json::Value::String(a.to_string())))
-        .collect();
-    let doc = serde_json::json!({
-        "pid": std::process::id(),
-        "admin": admin.map(|a| a.to_string()),
-        "listeners": listeners,
-    });
-    let tmp = path.with_extension("tmp");
-    std::fs::write(&tmp, doc.to_string())?;
-    std::fs::rename(&tmp, path)
+    crate::launch::Ready {
+        pid: std::process::id(),
+        admin,
+        listeners: listeners.iter().cloned().collect(),
+    }
+    .write(path)
 }

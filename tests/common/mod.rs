@@ -127,33 +127,6 @@ pub fn binary(name: &str) -> PathBuf {
     path
 }
 
-/// Waits (bounded) for a started server's ready file and returns its JSON; panics with
-/// the server's log if it exits first.
-pub(crate) fn wait_ready(
-    child: &mut Child,
-    ready: &Path,
-    log: &Path,
-    what: &str,
-) -> serde_json::Value {
-    let deadline = Instant::now() + WAIT;
-    loop {
-        if let Ok(text) = std::fs::read_to_string(ready) {
-            return serde_json::from_str(&text).expect("ready file is JSON");
-        }
-        if let Ok(Some(status)) = child.try_wait() {
-            panic!(
-                "{what} exited during start-up ({status}):\n{}",
-                std::fs::read_to_string(log).unwrap_or_default()
-            );
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{what} did not become ready in {WAIT:?}"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
 /// Lower-case hex SHA-256 of `data`.
 pub fn sha256_hex(data: &[u8]) -> String {
     Sha256::digest(data)

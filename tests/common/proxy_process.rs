@@ -3,14 +3,15 @@
 
 #[allow(unused_imports)]
 use super::*;
+use proxy::launch::Launched;
 
 /// A running `proxy run` process.
 pub struct ProxyProcess {
-    child: Child,
-    /// First listener's address.
+    process: Launched,
+    /// First listener's address (by name).
     pub addr: SocketAddr,
     /// Every listener's address by name.
-    listeners: std::collections::HashMap<String, SocketAddr>,
+    listeners: std::collections::BTreeMap<String, SocketAddr>,
     /// Admin address.
     pub admin: SocketAddr,
     /// Where its stderr goes.
@@ -44,57 +45,27 @@ impl ProxyProcess {
         Self::start_raw(&args)
     }
 
-    /// Starts `proxy run ARGS --admin 127.0.0.1:0 --ready-file ...` and waits for it.
+    /// Starts `proxy run ARGS --admin 127.0.0.1:0 --ready-file ...` through the proxy's
+    /// launcher and waits for it.
     pub fn start_raw(args: &[String]) -> Self {
         let dir = temp_dir("proxy");
-        let ready = dir.join("ready.json");
         let log = dir.join("proxy.log");
         let mut cmd = Command::new(binary("proxy"));
-        cmd.arg("run")
-            .args(args)
-            .arg("--ready-file")
-            .arg(&ready)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).expect("log file"))
-            .env("RUST_LOG", "info");
+        cmd.arg("run").args(args).env("RUST_LOG", "info");
         if !args.iter().any(|a| a == "--admin") {
             cmd.args(["--admin", "127.0.0.1:0"]);
         }
-        let mut child = cmd.spawn().expect("spawn proxy");
-        let v = wait_ready(&mut child, &ready, &log, "proxy");
-        let addr = v["listeners"]
-            .as_object()
-            .and_then(|m| m.values().next())
-            .and_then(|a| a.as_str())
-            .expect("a listener address")
-            .parse()
-            .expect("socket address");
-        let admin = v["admin"]
-            .as_str()
-            .expect("admin address")
-            .parse()
-            .expect("admin addr");
-        let listeners = v["listeners"]
-            .as_object()
-            .expect("listeners")
-            .iter()
-            .map(|(name, a)| {
-                let a = a
-                    .as_str()
-                    .expect("address")
-                    .parse()
-                    .expect("socket address");
-                (name.clone(), a)
-            })
-            .collect();
+        let process = Launched::start(cmd, "proxy", &dir, WAIT).unwrap_or_else(|e| {
+            panic!("{e}\n{}", std::fs::read_to_string(&log).unwrap_or_default())
+        });
+        let ready = process.proxy_ready().expect("the proxy's ready file");
         Self {
-            child,
-            addr,
-            listeners,
-            admin,
+            addr: ready.first_listener().expect("a listener address"),
+            admin: ready.admin.expect("an admin address"),
+            listeners: ready.listeners,
             log,
             dir,
+            process,
         }
     }
 
@@ -146,13 +117,16 @@ impl ProxyProcess {
     }
 
     fn signal(&self, signal: nix::sys::signal::Signal) {
-        nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.child.id() as i32), signal)
-            .unwrap_or_else(|e| panic!("send {signal}: {e}"));
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(self.process.pid() as i32),
+            signal,
+        )
+        .unwrap_or_else(|e| panic!("send {signal}: {e}"));
     }
 
     /// Waits (bounded) for the process to exit.
     pub fn wait_exit(&mut self, limit: Duration) -> ExitStatus {
-        wait_bounded(&mut self.child, limit, "proxy")
+        wait_bounded(&mut self.process.child, limit, "proxy")
     }
 
     /// Everything the proxy logged so far.
@@ -163,8 +137,10 @@ impl ProxyProcess {
 
 impl Drop for ProxyProcess {
     fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        // The launcher kills a proxy that still runs when it is dropped; this one is dropped
+        // first so that its directory goes after it.
+        let _ = self.process.child.kill();
+        let _ = self.process.child.wait();
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }

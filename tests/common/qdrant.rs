@@ -5,7 +5,7 @@ use super::*;
 
 /// A running `embedded-qdrant` process; killed on drop.
 pub struct EmbeddedQdrant {
-    child: Child,
+    process: proxy::launch::Launched,
     /// REST address.
     pub rest: SocketAddr,
     /// gRPC address.
@@ -39,47 +39,43 @@ impl EmbeddedQdrant {
 
     fn spawn(data: &Path, rest: SocketAddr, grpc: SocketAddr, extra: &[&str]) -> Self {
         let dir = temp_dir("eq-run");
-        let ready = dir.join("ready.json");
         let log = dir.join("embedded-qdrant.log");
-        let mut child = Command::new(binary("embedded-qdrant"))
-            .arg("--rest")
+        let mut cmd = Command::new(binary("embedded-qdrant"));
+        cmd.arg("--rest")
             .arg(rest.to_string())
             .arg("--grpc")
             .arg(grpc.to_string())
             .arg("--data")
             .arg(data)
-            .arg("--ready-file")
-            .arg(&ready)
-            .args(extra)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).expect("log file"))
-            .spawn()
-            .expect("spawn embedded-qdrant");
-        let v = wait_ready(&mut child, &ready, &log, "embedded-qdrant");
+            .args(extra);
+        let process = proxy::launch::Launched::start(cmd, "embedded-qdrant", &dir, WAIT)
+            .unwrap_or_else(|e| {
+                panic!("{e}\n{}", std::fs::read_to_string(&log).unwrap_or_default())
+            });
+        let address = |key: &str| -> SocketAddr {
+            process.ready[key]
+                .as_str()
+                .and_then(|a| a.parse().ok())
+                .unwrap_or_else(|| panic!("no {key} address in {}", process.ready))
+        };
         Self {
-            child,
-            rest: v["rest"].as_str().expect("rest").parse().expect("addr"),
-            grpc: v["grpc"].as_str().expect("grpc").parse().expect("addr"),
+            rest: address("rest"),
+            grpc: address("grpc"),
             data: data.to_owned(),
             log,
+            process,
         }
     }
 
     /// SIGTERM, then waits (bounded) for a clean exit; returns the exit status.
     pub fn stop(mut self) -> ExitStatus {
-        nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(self.child.id() as i32),
-            nix::sys::signal::Signal::SIGTERM,
-        )
-        .expect("SIGTERM");
-        wait_bounded(&mut self.child, WAIT, "embedded-qdrant")
+        self.process.stop(WAIT).unwrap_or_else(|e| panic!("{e}"))
     }
 
     /// SIGKILL: a crash, with no chance to flush anything.
     pub fn kill(mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        let _ = self.process.child.kill();
+        let _ = self.process.child.wait();
     }
 
     /// Its log so far.
@@ -89,14 +85,7 @@ impl EmbeddedQdrant {
 
     /// Its process id.
     pub fn pid(&self) -> u32 {
-        self.child.id()
-    }
-}
-
-impl Drop for EmbeddedQdrant {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        self.process.pid()
     }
 }
 

@@ -12,9 +12,11 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
-use proxy::crypto::{CertAlgorithmName, ProviderName};
+use proxy::crypto::{CertAlgorithmName, KxGroupName, ProviderName};
+use proxy::launch::{AdminSettings, LimitSettings, ListenerSettings, ProxySettings, TlsSettings};
+use proxy::tls::TlsVersion;
 
-use crate::compare::procs::{tail, Managed};
+use crate::compare::procs::{self, tail, Launched};
 use crate::probe::cpu;
 
 /// TLS 1.3 suites in the order every terminator prefers, ours included (servers choose):
@@ -62,7 +64,7 @@ pub struct Terminator {
 }
 
 enum Process {
-    Ours(Managed),
+    Ours(Launched),
     Peer(PeerChild),
 }
 
@@ -147,7 +149,7 @@ impl Terminator {
     pub fn stop(self) {
         match self.process {
             Process::Ours(m) => {
-                let _ = m.stop();
+                let _ = procs::stop(m);
             }
             Process::Peer(mut p) => p.stop(),
         }
@@ -185,51 +187,48 @@ pub fn start_proxy(
     worker_threads: usize,
     extra_args: &[String],
 ) -> Result<Terminator> {
-    let mut toml = format!(
-        "provider = \"{}\"\nlog_level = \"warn\"\nworker_threads = {worker_threads}\n\
-         [limits]\nmax_connections = {MAX_CONNECTIONS}\nidle_timeout = \"10m\"\n\
-         [admin]\nlisten = \"127.0.0.1:0\"\n",
-        provider.as_str()
-    );
-    // One node is written as a plain string, which every proxy version reads (a bench of an
-    // older build, for before/after figures).
-    let upstream = match sinks {
-        [one] => format!("\"http://{one}\""),
-        many => format!(
-            "[{}]",
-            many.iter()
-                .map(|s| format!("\"http://{s}\""))
-                .collect::<Vec<_>>()
-                .join(", ")
-        ),
+    let loopback_port_0: SocketAddr = ([127, 0, 0, 1], 0).into();
+    let settings = ProxySettings {
+        provider,
+        log_level: Some("warn".to_owned()),
+        worker_threads: Some(worker_threads),
+        limits: LimitSettings {
+            max_connections: Some(MAX_CONNECTIONS),
+            idle_timeout: Some(Duration::from_secs(600)),
+        },
+        admin: Some(AdminSettings {
+            listen: loopback_port_0,
+        }),
+        listeners: certs
+            .algorithms
+            .iter()
+            .map(|alg| ListenerSettings {
+                name: alg.as_str().to_owned(),
+                listen: loopback_port_0,
+                cert: certs.cert(*alg),
+                key: certs.key(*alg),
+                upstream: sinks.iter().map(|s| format!("http://{s}")).collect(),
+                // gRPC over h2c, the rest over HTTP/1.1: the proxy's own default (auto).
+                upstream_protocol: None,
+                tls: TlsSettings {
+                    min_version: Some(TlsVersion::Tls13),
+                    max_version: None,
+                    kx_groups: Some(vec![KxGroupName::X25519]),
+                    resumption: Some(false),
+                },
+            })
+            .collect(),
     };
-    for alg in &certs.algorithms {
-        toml.push_str(&format!(
-            "[[listener]]\nname = \"{alg}\"\nlisten = \"127.0.0.1:0\"\ncert = \"{}\"\nkey = \"{}\"\n\
-             upstream = {upstream}\n[listener.tls]\nmin_version = \"1.3\"\n\
-             kx_groups = [\"x25519\"]\nresumption = false\n",
-            certs.cert(*alg).display(),
-            certs.key(*alg).display(),
-            alg = alg.as_str(),
-        ));
-    }
     let what = file_stem(label);
-    let config = work.join(format!("{what}.toml"));
-    std::fs::write(&config, toml).with_context(|| format!("writing {}", config.display()))?;
-    let mut cmd = Command::new(binary);
-    cmd.arg("run").arg("--config").arg(&config).args(extra_args);
-    let managed = Managed::start(cmd, &what, work, None)?;
-    let listeners = managed
-        .ready
-        .get("listeners")
-        .and_then(|l| l.as_object())
-        .ok_or_else(|| anyhow!("{what}: ready file has no listeners"))?;
+    let cmd = settings
+        .command(binary, work, &what, extra_args)
+        .with_context(|| format!("writing {what}'s configuration under {}", work.display()))?;
+    let managed = procs::start(cmd, &what, work, None)?;
+    let ready = managed.proxy_ready()?;
     let mut addrs = BTreeMap::new();
     for alg in &certs.algorithms {
-        let addr = listeners
-            .get(alg.as_str())
-            .and_then(|a| a.as_str())
-            .and_then(|a| a.parse().ok())
+        let addr = ready
+            .listener(alg.as_str())
             .ok_or_else(|| anyhow!("{what}: no listener {} in its ready file", alg.as_str()))?;
         addrs.insert(*alg, addr);
     }

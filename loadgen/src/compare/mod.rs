@@ -8,13 +8,16 @@
 
 pub mod procs;
 
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
 use clap::{Args, Parser, ValueEnum};
-use proxy::crypto::{generate_cert_set, CertAlgorithmName, ProviderName};
+use proxy::config::UpstreamProtocol;
+use proxy::crypto::{generate_cert_set, CertAlgorithmName, KxGroupName, ProviderName};
+use proxy::launch::{AdminSettings, LimitSettings, ListenerSettings, ProxySettings, TlsSettings};
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
@@ -24,7 +27,7 @@ use crate::driver::ConnectionPolicy;
 use crate::result::{Cell, CellFailure, FAILURE_SCHEMA};
 use crate::result::{CellProvider, OnOff, TlsVersion};
 use crate::run::{self, RunArgs};
-use procs::{parse_cpu_list, sibling_binary, Managed};
+use procs::{parse_cpu_list, sibling_binary, Launched};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, ValueEnum)]
 #[serde(rename_all = "lowercase")]
@@ -215,7 +218,7 @@ pub fn pin_loadgen(args: &CompareArgs) -> Result<()> {
 
 struct Upstream {
     url: String,
-    managed: Option<Managed>,
+    managed: Option<Launched>,
     /// The embedded upstream's data folder, owned by this run.
     data: Option<PathBuf>,
 }
@@ -242,7 +245,7 @@ fn start_upstream(args: &CompareArgs, work: &Path) -> Result<Upstream> {
         .as_deref()
         .map(parse_cpu_list)
         .transpose()?;
-    let managed = Managed::start(cmd, "embedded-qdrant", work, cpus.as_deref())?;
+    let managed = procs::start(cmd, "embedded-qdrant", work, cpus.as_deref())?;
     let key = match args.protocol {
         Protocol::Grpc => "grpc",
         Protocol::Rest => "rest",
@@ -471,7 +474,7 @@ pub async fn execute(args: &CompareArgs, stop: CancellationToken) -> Result<Vec<
                 &ca,
                 &cert_dir,
                 &up.url,
-                up.managed.as_ref().map(Managed::pid),
+                up.managed.as_ref().map(Launched::pid),
                 &work,
                 &path,
                 stop.clone(),
@@ -495,7 +498,7 @@ pub async fn execute(args: &CompareArgs, stop: CancellationToken) -> Result<Vec<
     }
     if let Some(Upstream { managed, data, .. }) = upstream {
         if let Some(m) = managed {
-            m.stop()?;
+            procs::stop(m)?;
         }
         if let Some(data) = data.filter(|_| !args.keep_upstream_data) {
             let bytes = dir_bytes(&data);
@@ -577,62 +580,59 @@ async fn run_local_cell(
         .proxy_bin
         .clone()
         .unwrap_or_else(|| sibling_binary("proxy"));
-    let mut cmd = Command::new(bin);
-    cmd.arg("run")
-        .args([
-            "--listen",
-            "127.0.0.1:0",
-            "--admin",
-            "127.0.0.1:0",
-            "--upstream",
-            upstream,
-        ])
-        .args(["--provider", cell.provider.as_str()])
-        .arg("--cert")
-        .arg(cert_dir.join(format!("{}.crt", cell.algorithm)))
-        .arg("--key")
-        .arg(cert_dir.join(format!("{}.key", cell.algorithm)))
-        .args(["--resumption", args.resumption.as_str(), "--kx", &args.kx])
-        .args([
-            "--tls-min",
-            args.tls_version.as_str(),
-            "--tls-max",
-            args.tls_version.as_str(),
-        ])
-        .args([
-            "--upstream-protocol",
-            match args.protocol {
-                Protocol::Grpc => "h2c",
-                Protocol::Rest => "http1",
+    let loopback_port_0: SocketAddr = ([127, 0, 0, 1], 0).into();
+    let kx_groups = args
+        .kx
+        .split(',')
+        .map(|g| g.trim().parse::<KxGroupName>())
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| anyhow!("--kx: {e}"))?;
+    let settings = ProxySettings {
+        provider: match &cell.provider {
+            CellProvider::Proxy(p) => *p,
+            CellProvider::Peer(name) => bail!("{name} is not a provider of the proxy"),
+        },
+        log_level: None,
+        worker_threads: args.proxy_worker_threads,
+        limits: LimitSettings::default(),
+        admin: Some(AdminSettings {
+            listen: loopback_port_0,
+        }),
+        listeners: vec![ListenerSettings {
+            name: cell.algorithm.clone(),
+            listen: loopback_port_0,
+            cert: cert_dir.join(format!("{}.crt", cell.algorithm)),
+            key: cert_dir.join(format!("{}.key", cell.algorithm)),
+            upstream: vec![upstream.to_owned()],
+            upstream_protocol: Some(match args.protocol {
+                Protocol::Grpc => UpstreamProtocol::H2c,
+                Protocol::Rest => UpstreamProtocol::Http1,
+            }),
+            tls: TlsSettings {
+                min_version: Some(args.tls_version),
+                max_version: Some(args.tls_version),
+                kx_groups: Some(kx_groups),
+                resumption: Some(args.resumption == OnOff::On),
             },
-        ]);
-    if let Some(n) = args.proxy_worker_threads {
-        cmd.args(["--worker-threads", &n.to_string()]);
-    }
-    cmd.args(&args.proxy_args);
+        }],
+    };
+    let cmd = settings.command(&bin, work, "proxy", &args.proxy_args)?;
     let cpus = args.proxy_cpus.as_deref().map(parse_cpu_list).transpose()?;
-    let proxy = tokio::task::block_in_place(|| Managed::start(cmd, "proxy", work, cpus.as_deref()))
+    let proxy = tokio::task::block_in_place(|| procs::start(cmd, "proxy", work, cpus.as_deref()))
         .context("the proxy would not start")?;
-    let listen = proxy.ready["listeners"]
-        .as_object()
-        .and_then(|m| m.values().next())
-        .and_then(|v| v.as_str())
-        .ok_or_else(|| anyhow!("proxy ready file names no listener"))?
-        .to_owned();
-    let admin = proxy.ready["admin"]
-        .as_str()
-        .ok_or_else(|| anyhow!("proxy ready file names no admin address"))?
-        .to_owned();
+    let ready = proxy.proxy_ready()?;
+    let (Some(listen), Some(admin)) = (ready.first_listener(), ready.admin) else {
+        bail!("the proxy's ready file names no listener or no admin address");
+    };
     wait_ready(&format!("http://{admin}/readyz")).await?;
-    let port = listen.rsplit(':').next().unwrap_or("0");
-    let mut run = cell_run_args(base, cell, &format!("localhost:{port}"), ca, out);
+    let mut run = cell_run_args(base, cell, &format!("localhost:{}", listen.port()), ca, out);
     run.proxy_metrics = Some(format!("http://{admin}/metrics"));
     run.watch_pid.push(format!("proxy={}", proxy.pid()));
     if let Some(pid) = upstream_pid {
         run.watch_pid.push(format!("upstream={pid}"));
     }
     let result = measure(run, stop).await;
-    let stopped = tokio::task::block_in_place(|| proxy.stop());
+    let stopped = tokio::task::block_in_place(|| procs::stop(proxy));
     let summary = result?;
     stopped?;
     Ok(summary)

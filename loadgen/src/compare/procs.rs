@@ -3,10 +3,11 @@
 //! SIGTERM and a bounded wait, and killed if it will not go.
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
+use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context, Result};
+pub use proxy::launch::{log_tail as tail, Launched};
 
 /// How long a process may take to become ready or to exit.
 const START_LIMIT: Duration = Duration::from_secs(60);
@@ -57,124 +58,41 @@ pub fn pin_current_thread(cpus: &[usize]) -> Result<()> {
         .map_err(|e| anyhow!("sched_setaffinity({cpus:?}): {e}"))
 }
 
-/// A started child with its log file.
-pub struct Managed {
-    pub child: Child,
-    pub log: PathBuf,
-    pub ready: serde_json::Value,
-    pub what: String,
+/// Starts `cmd` (which must take `--ready-file`) through the proxy's launcher, pinned to
+/// `cpus` when given, and waits for its ready file. Blocking.
+pub fn start(
+    mut cmd: Command,
+    what: &str,
+    work_dir: &Path,
+    cpus: Option<&[usize]>,
+) -> Result<Launched> {
+    if let Some(cpus) = cpus {
+        let mut set = nix::sched::CpuSet::new();
+        for c in cpus {
+            set.set(*c).map_err(|e| anyhow!("CPU {c}: {e}"))?;
+        }
+        // Affinity must be set before exec, or threads the child starts early keep the old
+        // mask. sched_setaffinity is async-signal-safe, which is all pre_exec allows.
+        use std::os::unix::process::CommandExt;
+        #[allow(unsafe_code)]
+        // SAFETY: the closure only calls sched_setaffinity on the child's own thread, an
+        // async-signal-safe system call, and touches no locks or allocations shared with the
+        // parent (the CpuSet is built before the call).
+        unsafe {
+            cmd.pre_exec(move || {
+                nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &set)
+                    .map_err(std::io::Error::from)
+            });
+        }
+    }
+    Ok(Launched::start(cmd, what, work_dir, START_LIMIT)?)
 }
 
-impl Managed {
-    /// Spawns `cmd` (which must take `--ready-file`), pinned to `cpus` when given, and waits
-    /// for its ready file.
-    pub fn start(
-        mut cmd: Command,
-        what: &str,
-        work_dir: &Path,
-        cpus: Option<&[usize]>,
-    ) -> Result<Self> {
-        std::fs::create_dir_all(work_dir)?;
-        let ready = work_dir.join(format!("{what}.ready.json"));
-        let log = work_dir.join(format!("{what}.log"));
-        let _ = std::fs::remove_file(&ready);
-        cmd.arg("--ready-file")
-            .arg(&ready)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(
-                std::fs::File::create(&log)
-                    .with_context(|| format!("creating {}", log.display()))?,
-            );
-        if let Some(cpus) = cpus {
-            let cpus = cpus.to_vec();
-            // Affinity must be set before exec, or threads the child starts early keep the old
-            // mask. sched_setaffinity is async-signal-safe, which is all pre_exec allows.
-            use std::os::unix::process::CommandExt;
-            #[allow(unsafe_code)]
-            // SAFETY: the closure only calls sched_setaffinity on the child's own thread, an
-            // async-signal-safe system call, and touches no locks or allocations shared with the
-            // parent (the CpuSet is built before the call).
-            unsafe {
-                let mut set = nix::sched::CpuSet::new();
-                for c in &cpus {
-                    set.set(*c).map_err(|e| anyhow!("CPU {c}: {e}"))?;
-                }
-                cmd.pre_exec(move || {
-                    nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &set)
-                        .map_err(std::io::Error::from)
-                });
-            }
-        }
-        let program = format!("{:?}", cmd.get_program());
-        let mut child = cmd
-            .spawn()
-            .with_context(|| format!("starting {what} ({program}); build it with `cargo build --release --workspace` or pass its path"))?;
-        let deadline = Instant::now() + START_LIMIT;
-        loop {
-            if let Ok(text) = std::fs::read_to_string(&ready) {
-                let ready: serde_json::Value = serde_json::from_str(&text)
-                    .with_context(|| format!("{what}: ready file is not JSON"))?;
-                return Ok(Self {
-                    child,
-                    log,
-                    ready,
-                    what: what.to_owned(),
-                });
-            }
-            if let Some(status) = child.try_wait()? {
-                bail!("{what} exited during start-up ({status}): {}", tail(&log));
-            }
-            if Instant::now() > deadline {
-                let _ = child.kill();
-                let _ = child.wait();
-                bail!(
-                    "{what} did not become ready within {START_LIMIT:?}: {}",
-                    tail(&log)
-                );
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
+/// SIGTERM, then a bounded wait, then SIGKILL; a non-zero exit is logged, not an error.
+pub fn stop(mut process: Launched) -> Result<()> {
+    let status = process.stop(STOP_LIMIT)?;
+    if !status.success() {
+        tracing::warn!("{} exited with {status}", process.what);
     }
-
-    pub fn pid(&self) -> u32 {
-        self.child.id()
-    }
-
-    /// SIGTERM, then a bounded wait, then SIGKILL.
-    pub fn stop(mut self) -> Result<()> {
-        let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
-        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
-        let deadline = Instant::now() + STOP_LIMIT;
-        loop {
-            if let Some(status) = self.child.try_wait()? {
-                if !status.success() {
-                    tracing::warn!("{} exited with {status}", self.what);
-                }
-                return Ok(());
-            }
-            if Instant::now() > deadline {
-                let _ = self.child.kill();
-                let _ = self.child.wait();
-                bail!("{} did not stop within {STOP_LIMIT:?}; killed", self.what);
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-}
-
-impl Drop for Managed {
-    fn drop(&mut self) {
-        if let Ok(None) = self.child.try_wait() {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
-    }
-}
-
-/// The last lines of a log, for an error message.
-pub fn tail(log: &Path) -> String {
-    let text = std::fs::read_to_string(log).unwrap_or_default();
-    let lines: Vec<&str> = text.lines().rev().take(5).collect();
-    lines.into_iter().rev().collect::<Vec<_>>().join(" | ")
+    Ok(())
 }

@@ -4,61 +4,49 @@
 
 use std::net::SocketAddr;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Empty, Full};
 use hyper_util::rt::{TokioExecutor, TokioIo};
+use proxy::launch::Launched;
 use rustls::pki_types::ServerName;
 
-/// A running proxy process; killed on drop.
+/// A running proxy process; killed on drop (by the launcher).
 pub struct RunningProxy {
-    child: Child,
+    _process: Launched,
     pub addr: SocketAddr,
     pub admin: SocketAddr,
 }
 
-impl Drop for RunningProxy {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// Starts `binary run` on 127.0.0.1:0 with `args` and waits for its ready file.
+/// Starts `binary run` on 127.0.0.1:0 with `args` through the proxy's launcher and waits
+/// for its ready file.
 pub async fn start_proxy(
     binary: &str,
     dir: &Path,
     tag: &str,
     args: &[String],
 ) -> anyhow::Result<RunningProxy> {
-    let ready = dir.join(format!("ready-{tag}.json"));
-    let _ = std::fs::remove_file(&ready);
-    let child = Command::new(binary)
-        .args(["run", "--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0"])
-        .args(args)
-        .arg("--ready-file")
-        .arg(&ready)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()?;
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let doc: serde_json::Value = loop {
-        if let Ok(t) = std::fs::read_to_string(&ready) {
-            break serde_json::from_str(&t)?;
-        }
-        anyhow::ensure!(Instant::now() < deadline, "proxy did not start");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    let mut cmd = Command::new(binary);
+    cmd.args(["run", "--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0"])
+        .args(args);
+    let what = format!("proxy-{tag}");
+    let dir = dir.to_owned();
+    let process = tokio::task::spawn_blocking(move || {
+        Launched::start(cmd, &what, &dir, Duration::from_secs(20))
+    })
+    .await??;
+    let ready = process.proxy_ready()?;
     Ok(RunningProxy {
-        child,
-        addr: doc["listeners"]["listener0"]
-            .as_str()
-            .unwrap_or_default()
-            .parse()?,
-        admin: doc["admin"].as_str().unwrap_or_default().parse()?,
+        addr: ready
+            .first_listener()
+            .ok_or_else(|| anyhow::anyhow!("the proxy bound no listener"))?,
+        admin: ready
+            .admin
+            .ok_or_else(|| anyhow::anyhow!("the proxy has no admin port"))?,
+        _process: process,
     })
 }
 

@@ -356,6 +356,10 @@ async fn collection_json(c: &Collection) -> Result<Value, StoreError> {
 }
 
 impl Rest {
+    /// One request: the API key, the body, then Qdrant's route table. It stays one function
+    /// because the match over (method, path segments) is the route table: one arm per
+    /// route, each a call into the store, read top to bottom like Qdrant's OpenAPI paths;
+    /// split, the table would be spread over files and an unrouted path harder to see.
     async fn handle(&self, req: Request<Incoming>) -> Reply {
         let started = Instant::now();
         let method = req.method().clone();

@@ -34,81 +34,9 @@ pub fn merge(results: &[RunResult], names: &[String]) -> Result<RunResult> {
     let Some(first) = results.first() else {
         bail!("nothing to merge");
     };
-    for (r, name) in results.iter().zip(names) {
-        let (a, b) = (&first.workload, &r.workload);
-        if (a.protocol.as_str(), a.points_per_request, a.dim, a.wait)
-            != (b.protocol.as_str(), b.points_per_request, b.dim, b.wait)
-        {
-            bail!(
-                "{name}: another workload ({} {}x{}, wait {}) than the first ({} {}x{}, wait {}): not the same cell",
-                b.protocol, b.points_per_request, b.dim, b.wait,
-                a.protocol, a.points_per_request, a.dim, a.wait
-            );
-        }
-        let cell = |r: &RunResult| {
-            r.cell
-                .as_ref()
-                .map(|c| (c.provider.clone(), c.algorithm.clone()))
-        };
-        if cell(r) != cell(first) {
-            bail!("{name}: another cell than the first");
-        }
-    }
-    let windows: Vec<MeasuredWindow> = results
-        .iter()
-        .zip(names)
-        .map(|(r, name)| {
-            r.window.with_context(|| {
-                format!("{name}: no measured window (written by a loadgen before merge existed)")
-            })
-        })
-        .collect::<Result<_>>()?;
-    let from = windows
-        .iter()
-        .map(|w| w.from_unix_s)
-        .fold(f64::INFINITY, f64::min);
-    let until = windows.iter().map(|w| w.until_unix_s).fold(0.0, f64::max);
-    let latest_start = windows.iter().map(|w| w.from_unix_s).fold(0.0, f64::max);
-    let earliest_end = windows
-        .iter()
-        .map(|w| w.until_unix_s)
-        .fold(f64::INFINITY, f64::min);
-    if latest_start >= earliest_end {
-        bail!(
-            "the measured windows do not overlap (one ended {:.1} s before another started): these processes did not run side by side; start them with the same --start-at",
-            latest_start - earliest_end
-        );
-    }
-    let overlap = (earliest_end - latest_start) / (until - from);
-
-    let mut latency = None;
-    let mut handshake = None;
-    for (r, name) in results.iter().zip(names) {
-        let h = r
-            .histograms
-            .as_ref()
-            .with_context(|| format!("{name}: no histograms to merge"))?;
-        for (text, into) in [
-            (&h.latency_us, &mut latency),
-            (&h.handshake_us, &mut handshake),
-        ] {
-            let decoded = decode_histogram(text).map_err(|e| anyhow::anyhow!("{name}: {e}"))?;
-            // A decoded histogram covers only its own range; the total grows to hold each.
-            let total = match into {
-                Some(total) => total,
-                None => {
-                    let mut h = hdrhistogram::Histogram::<u64>::new(decoded.sigfig())
-                        .map_err(|e| anyhow::anyhow!("{name}: histogram: {e:?}"))?;
-                    h.auto(true);
-                    into.insert(h)
-                }
-            };
-            total
-                .add(&decoded)
-                .map_err(|e| anyhow::anyhow!("{name}: histogram: {e:?}"))?;
-        }
-    }
-    let (latency, handshake) = (latency.expect("one result"), handshake.expect("one result"));
+    same_cell(first, results, names)?;
+    let (from, until, overlap) = side_by_side_window(results, names)?;
+    let (latency, handshake) = added_histograms(results, names)?;
 
     let secs = until - from;
     let ok: u64 = results.iter().map(|r| r.requests_ok).sum();
@@ -201,6 +129,99 @@ pub fn merge(results: &[RunResult], names: &[String]) -> Result<RunResult> {
         hosts.join(",")
     };
     Ok(merged)
+}
+
+/// Every result is of the same cell and workload as the first.
+fn same_cell(first: &RunResult, results: &[RunResult], names: &[String]) -> Result<()> {
+    for (r, name) in results.iter().zip(names) {
+        let (a, b) = (&first.workload, &r.workload);
+        if (a.protocol.as_str(), a.points_per_request, a.dim, a.wait)
+            != (b.protocol.as_str(), b.points_per_request, b.dim, b.wait)
+        {
+            bail!(
+                "{name}: another workload ({} {}x{}, wait {}) than the first ({} {}x{}, wait {}): not the same cell",
+                b.protocol, b.points_per_request, b.dim, b.wait,
+                a.protocol, a.points_per_request, a.dim, a.wait
+            );
+        }
+        let cell = |r: &RunResult| {
+            r.cell
+                .as_ref()
+                .map(|c| (c.provider.clone(), c.algorithm.clone()))
+        };
+        if cell(r) != cell(first) {
+            bail!("{name}: another cell than the first");
+        }
+    }
+    Ok(())
+}
+
+/// The union of the measured windows (from, until) and the share of it they all overlap;
+/// windows that do not overlap at all were not measured side by side.
+fn side_by_side_window(results: &[RunResult], names: &[String]) -> Result<(f64, f64, f64)> {
+    let windows: Vec<MeasuredWindow> = results
+        .iter()
+        .zip(names)
+        .map(|(r, name)| {
+            r.window.with_context(|| {
+                format!("{name}: no measured window (written by a loadgen before merge existed)")
+            })
+        })
+        .collect::<Result<_>>()?;
+    let from = windows
+        .iter()
+        .map(|w| w.from_unix_s)
+        .fold(f64::INFINITY, f64::min);
+    let until = windows.iter().map(|w| w.until_unix_s).fold(0.0, f64::max);
+    let latest_start = windows.iter().map(|w| w.from_unix_s).fold(0.0, f64::max);
+    let earliest_end = windows
+        .iter()
+        .map(|w| w.until_unix_s)
+        .fold(f64::INFINITY, f64::min);
+    if latest_start >= earliest_end {
+        bail!(
+            "the measured windows do not overlap (one ended {:.1} s before another started): these processes did not run side by side; start them with the same --start-at",
+            latest_start - earliest_end
+        );
+    }
+    let overlap = (earliest_end - latest_start) / (until - from);
+
+    Ok((from, until, overlap))
+}
+
+/// The latency and handshake histograms of every result, added.
+fn added_histograms(
+    results: &[RunResult],
+    names: &[String],
+) -> Result<(hdrhistogram::Histogram<u64>, hdrhistogram::Histogram<u64>)> {
+    let mut latency = None;
+    let mut handshake = None;
+    for (r, name) in results.iter().zip(names) {
+        let h = r
+            .histograms
+            .as_ref()
+            .with_context(|| format!("{name}: no histograms to merge"))?;
+        for (text, into) in [
+            (&h.latency_us, &mut latency),
+            (&h.handshake_us, &mut handshake),
+        ] {
+            let decoded = decode_histogram(text).map_err(|e| anyhow::anyhow!("{name}: {e}"))?;
+            // A decoded histogram covers only its own range; the total grows to hold each.
+            let total = match into {
+                Some(total) => total,
+                None => {
+                    let mut h = hdrhistogram::Histogram::<u64>::new(decoded.sigfig())
+                        .map_err(|e| anyhow::anyhow!("{name}: histogram: {e:?}"))?;
+                    h.auto(true);
+                    into.insert(h)
+                }
+            };
+            total
+                .add(&decoded)
+                .map_err(|e| anyhow::anyhow!("{name}: histogram: {e:?}"))?;
+        }
+    }
+    Ok((latency.expect("one result"), handshake.expect("one result")))
 }
 
 /// Loadgen processes add up; a process watched by several loadgens of one host is counted

@@ -165,34 +165,9 @@ async fn handle_connection(
     // with the client's first bytes.
     let deadline = tokio::time::Instant::now() + ctx.limits.handshake_timeout;
     if let Some(trusted) = &ctx.proxy_protocol {
-        // Boxed like the handshake below: its peek buffer must not grow every
-        // connection's task, PROXY protocol or not.
-        let header = tokio::time::timeout_at(
-            deadline,
-            Box::pin(crate::proxy_protocol::read_header(
-                &mut stream,
-                peer,
-                trusted,
-            )),
-        )
-        .await;
-        match header {
-            Ok(Ok(client)) => peer = client,
-            Ok(Err(e)) => {
-                m.connection_error(e.label());
-                crate::peer_warn!(listener = %ctx.tls.labels.name, %peer, error = %e, "connection refused");
-                return;
-            }
-            Err(_) => {
-                m.connection_error("handshake_timeout");
-                crate::peer_warn!(
-                    listener = %ctx.tls.labels.name,
-                    %peer,
-                    timeout = ?ctx.limits.handshake_timeout,
-                    "PROXY protocol header timed out"
-                );
-                return;
-            }
+        match client_behind_balancer(&ctx, &mut stream, peer, trusted, deadline).await {
+            Some(client) => peer = client,
+            None => return,
         }
     }
     let io = CountingIo::new(stream, m.received.clone(), m.sent.clone(), activity.clone());
@@ -310,6 +285,43 @@ async fn handle_connection(
                     }
                 }
             }
+        }
+    }
+}
+
+/// The client a trusted balancer's PROXY header names, read by `deadline`; `None` when the
+/// connection is refused (counted and logged here).
+async fn client_behind_balancer(
+    ctx: &ListenerCtx,
+    stream: &mut TcpStream,
+    peer: SocketAddr,
+    trusted: &TrustedProxies,
+    deadline: tokio::time::Instant,
+) -> Option<SocketAddr> {
+    let m = &ctx.metrics;
+    // Boxed like the handshake: its peek buffer must not grow every connection's task,
+    // PROXY protocol or not.
+    let header = tokio::time::timeout_at(
+        deadline,
+        Box::pin(crate::proxy_protocol::read_header(stream, peer, trusted)),
+    )
+    .await;
+    match header {
+        Ok(Ok(client)) => Some(client),
+        Ok(Err(e)) => {
+            m.connection_error(e.label());
+            crate::peer_warn!(listener = %ctx.tls.labels.name, %peer, error = %e, "connection refused");
+            None
+        }
+        Err(_) => {
+            m.connection_error("handshake_timeout");
+            crate::peer_warn!(
+                listener = %ctx.tls.labels.name,
+                %peer,
+                timeout = ?ctx.limits.handshake_timeout,
+                "PROXY protocol header timed out"
+            );
+            None
         }
     }
 }

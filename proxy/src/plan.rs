@@ -323,6 +323,95 @@ fn upstream_tls_plan(
     Some(t.clone())
 }
 
+/// A listener's health-check timings, thresholds and path.
+fn check_health_check(
+    hc: &HealthCheckConfig,
+    field: &dyn Fn(&str) -> String,
+    problems: &mut Vec<String>,
+) {
+    if hc.interval.is_zero() || hc.timeout.is_zero() {
+        problems.push(format!(
+            "{}: interval and timeout must be above zero",
+            field("health_check")
+        ));
+    }
+    if hc.unhealthy_threshold == 0 || hc.healthy_threshold == 0 {
+        problems.push(format!(
+            "{}: unhealthy_threshold and healthy_threshold must be at least 1",
+            field("health_check")
+        ));
+    }
+    if hc.ejection_base.is_zero() || hc.ejection_base > hc.ejection_max {
+        problems.push(format!(
+            "{}: ejection_base must be above zero and at most ejection_max",
+            field("health_check")
+        ));
+    }
+    if !hc.path.starts_with('/') {
+        problems.push(format!(
+            "{}: path {:?} must start with /",
+            field("health_check"),
+            hc.path
+        ));
+    }
+}
+
+/// A listener's certificate and key files, its SNI certificates (names valid and served by
+/// one certificate each) and its TLS policy's client CA, versions and groups.
+fn check_tls(
+    lc: &crate::config::ListenerConfig,
+    field: &dyn Fn(&str) -> String,
+    problems: &mut Vec<String>,
+) {
+    for (f, path) in [("cert", &lc.cert), ("key", &lc.key)] {
+        if !path.is_file() {
+            problems.push(format!("{}: file not found: {}", field(f), path.display()));
+        }
+    }
+    let mut sni_names = std::collections::HashSet::new();
+    for (j, entry) in lc.sni.iter().enumerate() {
+        let at = field(&format!("sni[{j}]"));
+        if entry.server_names.is_empty() {
+            problems.push(format!("{at}.server_names: at least one name is needed"));
+        }
+        for name in &entry.server_names {
+            if let Some(p) = server_name_problem(name) {
+                problems.push(format!("{at}.server_names: {p}"));
+            } else if !sni_names.insert(name.to_ascii_lowercase()) {
+                problems.push(format!(
+                    "{at}.server_names: {name:?} is already served by another certificate"
+                ));
+            }
+        }
+        for (f, path) in [("cert", &entry.cert), ("key", &entry.key)] {
+            if !path.is_file() {
+                problems.push(format!("{at}.{f}: file not found: {}", path.display()));
+            }
+        }
+    }
+    if let Some(ca) = &lc.tls.client_ca {
+        if !ca.is_file() {
+            problems.push(format!(
+                "{}: file not found: {}",
+                field("tls.client_ca"),
+                ca.display()
+            ));
+        }
+    }
+    if lc.tls.min_version > lc.tls.max_version {
+        problems.push(format!(
+            "{}: min_version is above max_version",
+            field("tls")
+        ));
+    }
+    if lc.tls.kx_groups.as_ref().is_some_and(Vec::is_empty) {
+        problems.push(format!(
+            "{}: at least one group is needed",
+            field("tls.kx_groups")
+        ));
+    }
+}
+
 /// Listener `i`, checked; `None` when it has a problem (each pushed to `problems`).
 fn listener_plan(
     config: &Config,
@@ -372,31 +461,7 @@ fn listener_plan(
         }
     }
     let hc = &lc.health_check;
-    if hc.interval.is_zero() || hc.timeout.is_zero() {
-        problems.push(format!(
-            "{}: interval and timeout must be above zero",
-            field("health_check")
-        ));
-    }
-    if hc.unhealthy_threshold == 0 || hc.healthy_threshold == 0 {
-        problems.push(format!(
-            "{}: unhealthy_threshold and healthy_threshold must be at least 1",
-            field("health_check")
-        ));
-    }
-    if hc.ejection_base.is_zero() || hc.ejection_base > hc.ejection_max {
-        problems.push(format!(
-            "{}: ejection_base must be above zero and at most ejection_max",
-            field("health_check")
-        ));
-    }
-    if !hc.path.starts_with('/') {
-        problems.push(format!(
-            "{}: path {:?} must start with /",
-            field("health_check"),
-            hc.path
-        ));
-    }
+    check_health_check(hc, &field, problems);
     let health_kind = effective_health_check(hc, lc.upstream.len(), lc.mode, lc.upstream_protocol);
     if lc.mode == ListenerMode::Tcp
         && matches!(health_kind, HealthCheckKind::Http | HealthCheckKind::Grpc)
@@ -406,53 +471,7 @@ fn listener_plan(
             field("health_check.kind")
         ));
     }
-    for (f, path) in [("cert", &lc.cert), ("key", &lc.key)] {
-        if !path.is_file() {
-            problems.push(format!("{}: file not found: {}", field(f), path.display()));
-        }
-    }
-    let mut sni_names = std::collections::HashSet::new();
-    for (j, entry) in lc.sni.iter().enumerate() {
-        let at = field(&format!("sni[{j}]"));
-        if entry.server_names.is_empty() {
-            problems.push(format!("{at}.server_names: at least one name is needed"));
-        }
-        for name in &entry.server_names {
-            if let Some(p) = server_name_problem(name) {
-                problems.push(format!("{at}.server_names: {p}"));
-            } else if !sni_names.insert(name.to_ascii_lowercase()) {
-                problems.push(format!(
-                    "{at}.server_names: {name:?} is already served by another certificate"
-                ));
-            }
-        }
-        for (f, path) in [("cert", &entry.cert), ("key", &entry.key)] {
-            if !path.is_file() {
-                problems.push(format!("{at}.{f}: file not found: {}", path.display()));
-            }
-        }
-    }
-    if let Some(ca) = &lc.tls.client_ca {
-        if !ca.is_file() {
-            problems.push(format!(
-                "{}: file not found: {}",
-                field("tls.client_ca"),
-                ca.display()
-            ));
-        }
-    }
-    if lc.tls.min_version > lc.tls.max_version {
-        problems.push(format!(
-            "{}: min_version is above max_version",
-            field("tls")
-        ));
-    }
-    if lc.tls.kx_groups.as_ref().is_some_and(Vec::is_empty) {
-        problems.push(format!(
-            "{}: at least one group is needed",
-            field("tls.kx_groups")
-        ));
-    }
+    check_tls(lc, &field, problems);
     let upstream_tls = upstream_tls_plan(lc, &nodes, &field, problems);
     let proxy_protocol = lc.proxy_protocol.as_ref().and_then(|pp| {
         if pp.trusted.is_empty() {

@@ -426,16 +426,7 @@ pub async fn execute(args: &BenchArgs, stop: CancellationToken) -> Result<BenchR
     if args.parts.contains(&Part::Idle) && nofile < max_idle + 1000 {
         bail!("--idle {max_idle} needs more open files than this process may have ({nofile}): raise `ulimit -Hn`");
     }
-    let peers: Vec<Peer> = args
-        .peers
-        .iter()
-        .filter(|p| p.as_str() != "none" && !p.is_empty())
-        .map(|p| match p.as_str() {
-            "nginx" => Ok(Peer::Nginx),
-            "haproxy" => Ok(Peer::Haproxy),
-            other => bail!("--peers: unknown peer {other:?} (nginx, haproxy or none)"),
-        })
-        .collect::<Result<_>>()?;
+    let peers = parse_peers(&args.peers)?;
     if args.setups.is_empty() {
         bail!("--setups: name at least one (one-worker, defaults)");
     }
@@ -454,52 +445,11 @@ pub async fn execute(args: &BenchArgs, stop: CancellationToken) -> Result<BenchR
     };
     let clients = clients(&certs.ca)?;
     let sink_stop = stop.child_token();
-    let mut sinks = Vec::with_capacity(usize::from(args.upstream_nodes));
-    for _ in 0..args.upstream_nodes {
-        sinks.push(sink::start(sink_stop.clone(), args.sink).await?);
-    }
+    let sinks = start_sinks(args, &sink_stop).await?;
     // The direct path is measured against the first.
     let sink = sinks[0];
-    eprintln!(
-        "sink on {} ({:?})",
-        sinks
-            .iter()
-            .map(ToString::to_string)
-            .collect::<Vec<_>>()
-            .join(", "),
-        args.sink
-    );
 
-    // Columns: per set-up, our providers, then the peers.
-    let mut setups = args.setups.clone();
-    setups.sort();
-    setups.dedup();
-    let peer_bins: Vec<(Peer, Result<PathBuf, String>)> = peers
-        .iter()
-        .map(|&p| {
-            (
-                p,
-                terminators::ensure_installed(p).map_err(|e| format!("{e:#}")),
-            )
-        })
-        .collect();
-    let mut specs = Vec::new();
-    for setup in setups {
-        for p in &args.providers {
-            specs.push(ColumnSpec {
-                label: format!("proxy {}{}", p.as_str(), setup.suffix()),
-                setup,
-                which: Which::Ours(*p),
-            });
-        }
-        for (p, bin) in &peer_bins {
-            specs.push(ColumnSpec {
-                label: format!("{}{}", p.as_str(), setup.suffix()),
-                setup,
-                which: Which::Peer(*p, bin.clone()),
-            });
-        }
-    }
+    let specs = column_specs(args, &peers);
     let columns: Vec<String> = specs.iter().map(|c| c.label.clone()).collect();
 
     let (keys, mut rows, order) = declare_rows(args);
@@ -507,21 +457,7 @@ pub async fn execute(args: &BenchArgs, stop: CancellationToken) -> Result<BenchR
     let grpc_body = grpc_body(GRPC_BODY);
     let large_json_body = json_body(LARGE_JSON_BODY);
     let direct_latency = if keys.latency.is_some() {
-        let io = tokio::net::TcpStream::connect(sink).await?;
-        io.set_nodelay(true)?;
-        let mut sender = workloads::Sender::over(io, true).await?;
-        let d = workloads::mean_latency(
-            &mut sender,
-            &large_json_body,
-            &sink.to_string(),
-            20,
-            args.latency_requests,
-            args.duration * 3,
-        )
-        .await
-        .context("the direct path to the sink")?;
-        eprintln!("direct path: {:.3} ms per 800 KB request", ms(d));
-        Some(d)
+        Some(direct_path_latency(args, sink, &large_json_body).await?)
     } else {
         None
     };
@@ -540,23 +476,7 @@ pub async fn execute(args: &BenchArgs, stop: CancellationToken) -> Result<BenchR
     // Every terminator is started first and measured in interleaved rounds (each once per
     // round), so drift on a shared machine hits every column alike; an idle terminator
     // costs nothing meanwhile.
-    let mut started: Vec<(String, Option<Terminator>)> = Vec::new();
-    for spec in &specs {
-        let label = spec.label.clone();
-        match spec.start(&ctx) {
-            Ok(t) => {
-                eprintln!("{label}: pid {}", t.pid());
-                started.push((label, Some(t)));
-            }
-            Err(e) => {
-                eprintln!("{label}: not measured: {e:#}");
-                for r in rows.values_mut() {
-                    r.set(&label, Err(anyhow::anyhow!("did not start: {e:#}")));
-                }
-                started.push((label, None));
-            }
-        }
-    }
+    let mut started = start_columns(&ctx, &specs, &mut rows);
     let bodies = Bodies {
         rest: &rest_body,
         grpc: &grpc_body,
@@ -625,21 +545,7 @@ pub async fn execute(args: &BenchArgs, stop: CancellationToken) -> Result<BenchR
             .filter_map(|k| rows.remove(k))
             .map(Row::finish)
             .collect(),
-        settings: serde_json::json!({
-            "tls": "1.3", "kx": "x25519", "resumption": false,
-            "client": "rustls aws-lc-rs, its stock cipher order (AES-256-GCM first)",
-            "idle_clients": args.idle_clients,
-            "sink": args.sink,
-            "rounds": args.repeat.max(1), "duration_s": args.duration.as_secs_f64(), "warmup_s": args.warmup.as_secs_f64(),
-            "concurrency": args.concurrency, "bulk_connections": args.bulk_connections,
-            "idle": args.idle, "latency_requests": args.latency_requests,
-            "proxy_worker_threads": args.proxy_worker_threads,
-            "upstream_nodes": args.upstream_nodes,
-            "setups": args.setups,
-            "workers": "one-worker: proxy worker_threads as given, nginx worker_processes 1, HAProxy nbthread 1; \
-                        defaults: proxy a worker per CPU, nginx worker_processes auto, HAProxy its default threads",
-            "cpu": "user+system of the terminator's process tree from /proc",
-        }),
+        settings: settings_record(args),
         machine: {
             let (cpu, cores, kernel) =
                 crate::probe::cpu::machine_facts(std::path::Path::new("/proc"));
@@ -653,6 +559,145 @@ pub async fn execute(args: &BenchArgs, stop: CancellationToken) -> Result<BenchR
         serde_json::to_string_pretty(&result)?,
     )?;
     Ok(result)
+}
+
+/// The sinks every terminator forwards to (`--upstream-nodes` of them), until `stop`.
+async fn start_sinks(
+    args: &BenchArgs,
+    stop: &CancellationToken,
+) -> Result<Vec<std::net::SocketAddr>> {
+    let mut sinks = Vec::with_capacity(usize::from(args.upstream_nodes));
+    for _ in 0..args.upstream_nodes {
+        sinks.push(sink::start(stop.clone(), args.sink).await?);
+    }
+    eprintln!(
+        "sink on {} ({:?})",
+        sinks
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join(", "),
+        args.sink
+    );
+    Ok(sinks)
+}
+
+/// `--peers` as terminators (`none` or empty: none).
+fn parse_peers(names: &[String]) -> Result<Vec<Peer>> {
+    names
+        .iter()
+        .filter(|p| p.as_str() != "none" && !p.is_empty())
+        .map(|p| match p.as_str() {
+            "nginx" => Ok(Peer::Nginx),
+            "haproxy" => Ok(Peer::Haproxy),
+            other => bail!("--peers: unknown peer {other:?} (nginx, haproxy or none)"),
+        })
+        .collect()
+}
+
+/// Starts every column's terminator; one that does not start has every row marked with
+/// why, and is listed with `None`.
+fn start_columns(
+    ctx: &StartContext,
+    specs: &[ColumnSpec],
+    rows: &mut Rows,
+) -> Vec<(String, Option<Terminator>)> {
+    let mut started: Vec<(String, Option<Terminator>)> = Vec::new();
+    for spec in specs {
+        let label = spec.label.clone();
+        match spec.start(ctx) {
+            Ok(t) => {
+                eprintln!("{label}: pid {}", t.pid());
+                started.push((label, Some(t)));
+            }
+            Err(e) => {
+                eprintln!("{label}: not measured: {e:#}");
+                for r in rows.values_mut() {
+                    r.set(&label, Err(anyhow::anyhow!("did not start: {e:#}")));
+                }
+                started.push((label, None));
+            }
+        }
+    }
+    started
+}
+
+/// The columns, in table order: per set-up, our providers, then the peers (each with its
+/// binary, or why it is missing).
+fn column_specs(args: &BenchArgs, peers: &[Peer]) -> Vec<ColumnSpec> {
+    let mut setups = args.setups.clone();
+    setups.sort();
+    setups.dedup();
+    let peer_bins: Vec<(Peer, Result<PathBuf, String>)> = peers
+        .iter()
+        .map(|&p| {
+            (
+                p,
+                terminators::ensure_installed(p).map_err(|e| format!("{e:#}")),
+            )
+        })
+        .collect();
+    let mut specs = Vec::new();
+    for setup in setups {
+        for p in &args.providers {
+            specs.push(ColumnSpec {
+                label: format!("proxy {}{}", p.as_str(), setup.suffix()),
+                setup,
+                which: Which::Ours(*p),
+            });
+        }
+        for (p, bin) in &peer_bins {
+            specs.push(ColumnSpec {
+                label: format!("{}{}", p.as_str(), setup.suffix()),
+                setup,
+                which: Which::Peer(*p, bin.clone()),
+            });
+        }
+    }
+    specs
+}
+
+/// The sink's own latency for an 800 KB request over plain TCP: what a terminator's
+/// latency is compared with.
+async fn direct_path_latency(
+    args: &BenchArgs,
+    sink: std::net::SocketAddr,
+    large_json_body: &Bytes,
+) -> Result<Duration> {
+    let io = tokio::net::TcpStream::connect(sink).await?;
+    io.set_nodelay(true)?;
+    let mut sender = workloads::Sender::over(io, true).await?;
+    let d = workloads::mean_latency(
+        &mut sender,
+        large_json_body,
+        &sink.to_string(),
+        20,
+        args.latency_requests,
+        args.duration * 3,
+    )
+    .await
+    .context("the direct path to the sink")?;
+    eprintln!("direct path: {:.3} ms per 800 KB request", ms(d));
+    Ok(d)
+}
+
+/// What the bench pinned and how it ran, as bench.json records it.
+fn settings_record(args: &BenchArgs) -> serde_json::Value {
+    serde_json::json!({
+        "tls": "1.3", "kx": "x25519", "resumption": false,
+        "client": "rustls aws-lc-rs, its stock cipher order (AES-256-GCM first)",
+        "idle_clients": args.idle_clients,
+        "sink": args.sink,
+        "rounds": args.repeat.max(1), "duration_s": args.duration.as_secs_f64(), "warmup_s": args.warmup.as_secs_f64(),
+        "concurrency": args.concurrency, "bulk_connections": args.bulk_connections,
+        "idle": args.idle, "latency_requests": args.latency_requests,
+        "proxy_worker_threads": args.proxy_worker_threads,
+        "upstream_nodes": args.upstream_nodes,
+        "setups": args.setups,
+        "workers": "one-worker: proxy worker_threads as given, nginx worker_processes 1, HAProxy nbthread 1; \
+                    defaults: proxy a worker per CPU, nginx worker_processes auto, HAProxy its default threads",
+        "cpu": "user+system of the terminator's process tree from /proc",
+    })
 }
 
 /// The rows `args` asks for, in table order, with the keys each kind of work fills.

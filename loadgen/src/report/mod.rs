@@ -301,10 +301,69 @@ fn median(sorted: &[f64]) -> f64 {
 /// A cell's results by round, each with the file it came from.
 type RepeatParts = BTreeMap<u32, Vec<(String, RunResult)>>;
 
+/// Each cell's results, one per round (the processes of a round merged), by cell.
+type CellRuns = BTreeMap<(CellProvider, String), Vec<RunResult>>;
+
 /// Reads every cell JSON of `dir/cells`.
 pub fn load(dir: &Path) -> Result<Report> {
     let cells_dir = dir.join("cells");
-    let mut files: Vec<_> = std::fs::read_dir(&cells_dir)
+    let (runs, failures) = read_cells(&cells_dir)?;
+    if runs.is_empty() && failures.is_empty() {
+        bail!("no cell results in {}", cells_dir.display());
+    }
+    let mut providers: Vec<CellProvider> = runs
+        .keys()
+        .map(|(p, _)| p.clone())
+        .chain(failures.iter().map(|f| f.cell.provider.clone()))
+        .collect();
+    providers.sort();
+    providers.dedup();
+    let mut algorithms: Vec<String> = runs
+        .keys()
+        .map(|(_, a)| a.clone())
+        .chain(failures.iter().map(|f| f.cell.algorithm.clone()))
+        .collect();
+    algorithms.sort_by_key(|a| order_key(&ALGORITHM_ORDER, a));
+    algorithms.dedup();
+
+    let figures: BTreeMap<_, _> = runs
+        .iter()
+        .map(|(cell, list)| (cell.clone(), cell_figures(list)))
+        .collect();
+    let baselines = baselines(&figures, &algorithms);
+    let setup = runs
+        .values()
+        .flatten()
+        .next()
+        .map(setup_facts)
+        .unwrap_or_default();
+    let bounds = runs
+        .iter()
+        .filter_map(|(key, list)| {
+            let r = list.iter().find(|r| r.requests_ok > 0)?;
+            Some((key.clone(), bound(r)))
+        })
+        .collect();
+    let mut report = Report {
+        providers,
+        algorithms,
+        figures,
+        baselines,
+        failures,
+        setup,
+        repeats: runs.values().map(|l| l.len() as u32).max().unwrap_or(0),
+        cells_measured: runs.values().map(Vec::len).sum(),
+        verdicts: Vec::new(),
+        bounds,
+    };
+    report.verdicts = verdicts(&report);
+    Ok(report)
+}
+
+/// The results and the failures in `cells_dir`, the results of one cell's round merged
+/// when several loadgen processes ran it side by side.
+fn read_cells(cells_dir: &Path) -> Result<(CellRuns, Vec<CellFailure>)> {
+    let mut files: Vec<_> = std::fs::read_dir(cells_dir)
         .with_context(|| {
             format!(
                 "reading {} (is this a `loadgen compare` output folder?)",
@@ -344,7 +403,7 @@ pub fn load(dir: &Path) -> Result<Report> {
             other => bail!("{}: unknown schema {other:?}", f.display()),
         }
     }
-    let mut runs: BTreeMap<(CellProvider, String), Vec<RunResult>> = BTreeMap::new();
+    let mut runs = CellRuns::new();
     for (cell, repeats) in parts {
         for (_, mut list) in repeats {
             let run = if list.len() == 1 {
@@ -356,65 +415,53 @@ pub fn load(dir: &Path) -> Result<Report> {
             runs.entry(cell.clone()).or_default().push(run);
         }
     }
-    if runs.is_empty() && failures.is_empty() {
-        bail!("no cell results in {}", cells_dir.display());
-    }
-    let mut providers: Vec<CellProvider> = runs
-        .keys()
-        .map(|(p, _)| p.clone())
-        .chain(failures.iter().map(|f| f.cell.provider.clone()))
-        .collect();
-    providers.sort();
-    providers.dedup();
-    let mut algorithms: Vec<String> = runs
-        .keys()
-        .map(|(_, a)| a.clone())
-        .chain(failures.iter().map(|f| f.cell.algorithm.clone()))
-        .collect();
-    algorithms.sort_by_key(|a| order_key(&ALGORITHM_ORDER, a));
-    algorithms.dedup();
+    Ok((runs, failures))
+}
 
-    let mut figures = BTreeMap::new();
-    let mut repeats = 0;
-    for ((p, a), list) in &runs {
-        // A result in which every request failed carries no figures; its failure shows.
-        let ok: Vec<&RunResult> = list.iter().filter(|r| r.requests_ok > 0).collect();
-        repeats = repeats.max(list.len() as u32);
-        let mut per_metric = BTreeMap::new();
-        for m in METRICS {
-            let mut values = Vec::new();
-            let mut reason = None;
-            for r in &ok {
-                match (m.extract)(r) {
-                    Ok(v) if v.is_finite() => values.push(v),
-                    Ok(_) => reason = Some("not a finite number".to_owned()),
-                    Err(e) => reason = Some(e),
-                }
+/// Every metric of one cell over its rounds: median, range and count, or why it is missing.
+fn cell_figures(rounds: &[RunResult]) -> BTreeMap<&'static str, Figure> {
+    // A result in which every request failed carries no figures; its failure shows.
+    let ok: Vec<&RunResult> = rounds.iter().filter(|r| r.requests_ok > 0).collect();
+    let mut per_metric = BTreeMap::new();
+    for m in METRICS {
+        let mut values = Vec::new();
+        let mut reason = None;
+        for r in &ok {
+            match (m.extract)(r) {
+                Ok(v) if v.is_finite() => values.push(v),
+                Ok(_) => reason = Some("not a finite number".to_owned()),
+                Err(e) => reason = Some(e),
             }
-            let fig = if values.is_empty() {
-                Figure::Missing(reason.unwrap_or_else(|| "every request failed".to_owned()))
-            } else {
-                values.sort_by(f64::total_cmp);
-                Figure::Value {
-                    median: median(&values),
-                    min: values[0],
-                    max: values[values.len() - 1],
-                    n: values.len(),
-                }
-            };
-            per_metric.insert(m.key, fig);
         }
-        figures.insert((p.clone(), a.clone()), per_metric);
+        let fig = if values.is_empty() {
+            Figure::Missing(reason.unwrap_or_else(|| "every request failed".to_owned()))
+        } else {
+            values.sort_by(f64::total_cmp);
+            Figure::Value {
+                median: median(&values),
+                min: values[0],
+                max: values[values.len() - 1],
+                n: values.len(),
+            }
+        };
+        per_metric.insert(m.key, fig);
     }
+    per_metric
+}
 
+/// Per algorithm and metric, the best software provider's median: what ratios compare with.
+fn baselines(
+    figures: &BTreeMap<(CellProvider, String), BTreeMap<&'static str, Figure>>,
+    algorithms: &[String],
+) -> BTreeMap<(String, &'static str), (CellProvider, f64)> {
     let mut baselines = BTreeMap::new();
-    for a in &algorithms {
+    for a in algorithms {
         for m in METRICS {
             let mut best: Option<(CellProvider, f64)> = None;
             for p in ProviderName::SOFTWARE.map(CellProvider::Proxy) {
                 let Some(v) = figures
                     .get(&(p.clone(), a.clone()))
-                    .and_then(|f: &BTreeMap<&str, Figure>| f.get(m.key))
+                    .and_then(|f| f.get(m.key))
                     .and_then(Figure::median)
                 else {
                     continue;
@@ -433,35 +480,7 @@ pub fn load(dir: &Path) -> Result<Report> {
             }
         }
     }
-
-    let setup = runs
-        .values()
-        .flatten()
-        .next()
-        .map(setup_facts)
-        .unwrap_or_default();
-    let cells_measured = runs.values().map(Vec::len).sum();
-    let bounds = runs
-        .iter()
-        .filter_map(|(key, list)| {
-            let r = list.iter().find(|r| r.requests_ok > 0)?;
-            Some((key.clone(), bound(r)))
-        })
-        .collect();
-    let mut report = Report {
-        providers,
-        algorithms,
-        figures,
-        baselines,
-        failures,
-        setup,
-        repeats,
-        cells_measured,
-        verdicts: Vec::new(),
-        bounds,
-    };
-    report.verdicts = verdicts(&report);
-    Ok(report)
+    baselines
 }
 
 /// A component counts as the bound when it used at least this share of what it could.

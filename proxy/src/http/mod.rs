@@ -359,6 +359,13 @@ impl HttpForwarder {
         resp
     }
 
+    /// One request forwarded: refusals (flooding, budget, upstream cap), the node picked
+    /// and leased, the request rewritten and sent, a failed connect retried on another node,
+    /// and the response or the proxy's own error answer. It stays one function because
+    /// every step hands the next one borrowed state of this request (the lease, the budget
+    /// reservation, the log record) and its early returns release them in order; split, each
+    /// piece would take most of that state as arguments and the order of release would be
+    /// spread over several functions on the hottest path of the proxy.
     async fn exchange(
         &self,
         req: Request<Incoming>,

@@ -226,6 +226,10 @@ pub struct Metrics {
 impl Metrics {
     /// Creates and registers every metric, plus the process collector
     /// (`process_cpu_seconds_total`, `process_resident_memory_bytes`, ...).
+    ///
+    /// It stays one function: it is the list of the proxy's metrics, one registration each
+    /// (through `Registrar`'s helpers) with its name, help and labels, in the order
+    /// docs/proxy.md lists them; the length is the number of metrics, not logic.
     pub fn new() -> Self {
         let registry = Registry::new();
         let r = Registrar(&registry);

@@ -4,6 +4,7 @@
 
 // No unsafe code of its own: Qdrant's engine and the TLS stack carry theirs.
 #![deny(unsafe_code)]
+#![deny(missing_docs)]
 
 mod auth;
 mod convert;

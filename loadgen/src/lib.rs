@@ -13,6 +13,7 @@
 // `probe::cpu::clock_ticks` (sysconf), `compare::procs` (CPU affinity before exec) and
 // `bench::terminators` (geteuid).
 #![deny(unsafe_code)]
+#![deny(missing_docs)]
 
 pub mod bench;
 pub mod client;

@@ -9,17 +9,21 @@ use hdrhistogram::Histogram;
 use proxy::crypto::ProviderName;
 use serde::{Deserialize, Serialize};
 
+/// The schema of run result files: `schema` of every [`RunResult`].
 pub const SCHEMA: &str = "loadgen.run/v1";
 
 /// A figure, or why it is missing.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct Measured<T> {
+    /// The figure; `None` when it could not be measured.
     pub value: Option<T>,
+    /// Why it is missing (absent when it was measured).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
 }
 
 impl<T> Measured<T> {
+    /// A measured figure.
     pub fn ok(value: T) -> Self {
         Self {
             value: Some(value),
@@ -27,6 +31,7 @@ impl<T> Measured<T> {
         }
     }
 
+    /// A figure that could not be measured, and why.
     pub fn missing(reason: impl Into<String>) -> Self {
         Self {
             value: None,
@@ -34,6 +39,7 @@ impl<T> Measured<T> {
         }
     }
 
+    /// The figure, if measured.
     pub fn as_ref(&self) -> Option<&T> {
         self.value.as_ref()
     }
@@ -51,12 +57,19 @@ impl<T, E: std::fmt::Display> From<Result<T, E>> for Measured<T> {
 /// Latency percentiles in milliseconds.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct Percentiles {
+    /// Samples.
     pub count: u64,
+    /// Mean.
     pub mean: f64,
+    /// Median.
     pub p50: f64,
+    /// 90th percentile.
     pub p90: f64,
+    /// 99th percentile.
     pub p99: f64,
+    /// 99.9th percentile.
     pub p999: f64,
+    /// Largest sample.
     pub max: f64,
 }
 
@@ -84,50 +97,72 @@ impl Percentiles {
 pub struct Cell {
     /// Who terminated TLS: the proxy with one of its providers, or a peer.
     pub provider: CellProvider,
+    /// The server certificate's algorithm (`rsa2048`, `ecdsa-p256`, ...).
     pub algorithm: String,
     /// 1-based repeat round.
     pub repeat: u32,
 }
 
+/// Where and with what the run was made.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Environment {
     /// The load generator's host name (merged results sum CPU per host).
     #[serde(default)]
     pub host: String,
+    /// The load generator's CPU model, from /proc/cpuinfo.
     pub cpu_model: String,
+    /// Its logical CPUs.
     pub cores: usize,
+    /// Its kernel release.
     pub kernel: String,
+    /// This load generator's version.
     pub loadgen_version: String,
+    /// The client's crypto provider (ring, aws-lc-rs, openssl).
     pub client_provider: String,
+    /// That provider's library and version, as it reports them.
     pub client_library: String,
     /// What the proxy's /metrics said about its listeners, when scraped.
     #[serde(default)]
     pub proxy_listeners: Vec<BTreeMap<String, String>>,
 }
 
+/// What every request carried.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct WorkloadRecord {
+    /// `rest` (JSON over HTTP) or `grpc`.
     pub protocol: String,
+    /// The Qdrant collection written to.
     pub collection: String,
+    /// Points per upsert (100 for UPSERT_100).
     pub points_per_request: usize,
+    /// Vector dimensions.
     pub dim: usize,
+    /// Whether each upsert waited for Qdrant to apply it (`wait=true`).
     pub wait: bool,
+    /// Where the vectors came from (synthetic, an embeddings endpoint, a file).
     pub vectors_source: String,
     /// Mean request body size in bytes (the templates differ by a few bytes in JSON).
     pub request_body_bytes: u64,
-    /// Exact smallest and largest request body of the run.
+    /// The smallest request body of the run, exactly.
     #[serde(default)]
     pub request_body_bytes_min: u64,
+    /// The largest request body of the run, exactly.
     #[serde(default)]
     pub request_body_bytes_max: u64,
+    /// Decimals each vector component is written with in JSON.
     pub json_decimals: usize,
 }
 
+/// The CPU time of one process (or several of one name) over the measured phase.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct ProcessCpu {
+    /// Its name (`loadgen`, or as `--watch-pid NAME=PID` gave it).
     pub name: String,
+    /// Its process ids.
     pub pids: Vec<u32>,
+    /// User plus system CPU seconds.
     pub cpu_seconds: f64,
+    /// Per acknowledged request; `None` when none was.
     pub cpu_seconds_per_request: Option<f64>,
     /// Percent of one core over the measured phase.
     pub percent_of_core: f64,
@@ -136,6 +171,7 @@ pub struct ProcessCpu {
     pub cpus_allowed: Option<String>,
 }
 
+/// CPU over the measured phase: the hosts' and the processes'.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct CpuRecord {
     /// All cores together, 0..=100, of the host loadgen runs on.
@@ -144,33 +180,49 @@ pub struct CpuRecord {
     /// (`--target-node-exporter`): the system figure when the proxy runs on another host.
     #[serde(default = "target_host_not_asked")]
     pub target_host_utilisation_percent: Measured<f64>,
+    /// This load generator.
     pub loadgen: ProcessCpu,
+    /// The processes watched (`--watch-pid`: the proxy, the upstream).
     pub watched: Vec<ProcessCpu>,
 }
 
+/// The target host's utilisation where none was asked for (also the default of older results).
 pub fn target_host_not_asked() -> Measured<f64> {
     Measured::missing("no --target-node-exporter given")
 }
 
+/// Energy over the measured phase.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct PowerRecord {
     /// "rapl", "redfish" or "prometheus".
     pub source: String,
+    /// Energy used.
     pub joules: f64,
+    /// Mean power.
     pub mean_watts: f64,
+    /// Readings it was computed from.
     pub samples: u64,
+    /// What was read (RAPL domains, the Redfish resource, the Prometheus query).
     #[serde(default)]
     pub detail: String,
 }
 
+/// What the proxy's own /metrics counted over the measured phase.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct ProxyMetricsDelta {
+    /// Completed TLS handshakes.
     pub handshakes: f64,
+    /// Of which resumed.
     pub resumed_handshakes: f64,
+    /// Failed TLS handshakes.
     pub handshake_failures: f64,
+    /// Requests served.
     pub requests: f64,
+    /// The proxy's CPU seconds (`process_cpu_seconds_total`).
     pub cpu_seconds: Option<f64>,
+    /// Per request it served.
     pub cpu_seconds_per_request: Option<f64>,
+    /// Per handshake it completed.
     pub cpu_seconds_per_handshake: Option<f64>,
     /// openssl-qat: signatures the QAT provider took asynchronously during the run.
     #[serde(default)]
@@ -180,27 +232,38 @@ pub struct ProxyMetricsDelta {
     pub qat_signatures_not_offloaded: Option<f64>,
 }
 
+/// The client's TLS handshakes over the measured phase.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct HandshakeRecord {
+    /// Handshakes.
     pub count: u64,
+    /// Of which resumed.
     pub resumed: u64,
     /// TCP connect + TLS handshake, client side.
     pub latency_ms: Option<Percentiles>,
 }
 
+/// The collection counted before and after: did every acknowledged point arrive?
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Verification {
+    /// Points before the measured phase.
     pub count_before: u64,
+    /// Points after it.
     pub count_after: u64,
+    /// Points in the upserts the server acknowledged.
     pub points_acknowledged: u64,
     /// count_after - count_before == points_acknowledged.
     pub matches: bool,
 }
 
+/// Live embedding calls made beside the upserts (`--embed-live-rate`).
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct EmbedLiveRecord {
+    /// Calls per second asked for.
     pub rate_per_s: f64,
+    /// Calls answered.
     pub ok: u64,
+    /// Calls that failed.
     pub failed: u64,
 }
 
@@ -249,39 +312,65 @@ pub struct CellFailure {
 /// The schema of [`CellFailure`] files.
 pub const FAILURE_SCHEMA: &str = "loadgen.cell-failure/v1";
 
+/// One run's result: what every report is rendered from (schema [`SCHEMA`]).
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct RunResult {
+    /// [`SCHEMA`].
     pub schema: String,
+    /// The comparison cell it belongs to; `None` for a run on its own.
     #[serde(default)]
     pub cell: Option<Cell>,
+    /// When the measured phase started (RFC 3339).
     pub started_at: String,
+    /// The target as given (`host:port`, a URL).
     pub target: String,
     /// The run's configuration, as given.
     pub config: RunConfig,
+    /// Where and with what it ran.
     pub environment: Environment,
+    /// What every request carried.
     pub workload: WorkloadRecord,
+    /// Whether the client verified the server's certificate (off: `--insecure`).
     pub tls_verification: bool,
+    /// Length of the measured phase.
     pub measured_seconds: f64,
+    /// Requests acknowledged in the measured phase.
     pub requests_ok: u64,
+    /// Requests that failed in it.
     pub requests_failed: u64,
+    /// Failed requests by kind.
     pub failures: BTreeMap<String, u64>,
+    /// The first message of each kind of failure.
     pub failure_examples: BTreeMap<String, String>,
+    /// Requests sent in the warm-up (not counted above).
     pub warmup_requests: u64,
+    /// Acknowledged requests per second.
     pub requests_per_second: f64,
+    /// Acknowledged points per second.
     pub points_per_second: f64,
     /// Request body megabytes (10^6) per second, acknowledged requests only.
     pub payload_mb_per_second: f64,
+    /// Request latency, send to acknowledgement.
     pub latency_ms: Option<Percentiles>,
+    /// The client's handshakes.
     pub handshakes: HandshakeRecord,
+    /// Open loop: how late each request was sent against its schedule.
     #[serde(default)]
     pub schedule_lag_ms: Option<Percentiles>,
+    /// CPU of the hosts and processes.
     pub cpu: CpuRecord,
+    /// Energy, or why it was not measured.
     pub power: Measured<PowerRecord>,
+    /// The proxy's own counts, or why they were not read.
     pub proxy_metrics: Measured<ProxyMetricsDelta>,
+    /// The collection's count check, or why it was not made.
     pub verification: Measured<Verification>,
+    /// Live embedding calls, when asked for.
     #[serde(default)]
     pub embed_live: Option<EmbedLiveRecord>,
+    /// What a reader must know to trust the figures.
     pub warnings: Vec<String>,
+    /// Whether the run was stopped before its end (the figures cover the time until then).
     pub interrupted: bool,
     /// The measured phase on the wall clock, for `loadgen merge`.
     #[serde(default)]
@@ -300,7 +389,9 @@ pub struct RunResult {
 /// When the measured phase ran, in seconds since the Unix epoch.
 #[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq)]
 pub struct MeasuredWindow {
+    /// Start.
     pub from_unix_s: f64,
+    /// End.
     pub until_unix_s: f64,
 }
 
@@ -308,7 +399,9 @@ pub struct MeasuredWindow {
 /// so merged percentiles are those of the union of samples, never averages.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct Histograms {
+    /// Request latency.
     pub latency_us: String,
+    /// Handshake latency.
     pub handshake_us: String,
 }
 
@@ -466,7 +559,9 @@ pub use proxy::tls::TlsVersion;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, ValueEnum)]
 #[serde(rename_all = "lowercase")]
 pub enum OnOff {
+    /// On.
     On,
+    /// Off.
     Off,
 }
 

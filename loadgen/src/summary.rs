@@ -4,6 +4,7 @@ use std::fmt::Write;
 
 use crate::result::{Measured, RunResult};
 
+/// The summary of `r`: throughput, latency, CPU, power, verification and warnings.
 pub fn render(r: &RunResult) -> String {
     let mut s = String::new();
     let w = &r.workload;

@@ -92,6 +92,7 @@ impl IdleClient {
     }
 }
 
+/// The flags of `loadgen bench`.
 #[derive(Args, Debug)]
 pub struct BenchArgs {
     /// Our providers to measure (each a proxy column).
@@ -178,14 +179,21 @@ pub struct BenchArgs {
 #[derive(Clone, Debug, Serialize)]
 #[serde(untagged)]
 pub enum Figure {
+    /// The figure.
     Value(f64),
-    Missing { reason: String },
+    /// None.
+    Missing {
+        /// Why.
+        reason: String,
+    },
 }
 
 /// One row of the table.
 #[derive(Debug, Serialize)]
 pub struct Row {
+    /// What the row measures, as the table prints it.
     pub name: String,
+    /// Its unit.
     pub unit: String,
     /// Column label -> figure (the median over the rounds).
     pub figures: BTreeMap<String, Figure>,
@@ -342,9 +350,13 @@ fn note_work(rows: &mut Rows, key: &str, column: &str, work: String) {
 /// What a run of the benchmark measured.
 #[derive(Debug, Serialize)]
 pub struct BenchResult {
+    /// Column labels, in table order.
     pub columns: Vec<String>,
+    /// The rows, in table order.
     pub rows: Vec<Row>,
+    /// What the bench pinned and how it ran.
     pub settings: serde_json::Value,
+    /// CPU model, cores and kernel of the machine.
     pub machine: serde_json::Value,
 }
 

@@ -158,8 +158,11 @@ impl Terminator {
 
 /// Certificates per algorithm, as `gen-certs` writes them.
 pub struct Certs {
+    /// The folder: `ALG.crt` and `ALG.key` per algorithm.
     pub dir: PathBuf,
+    /// The CA that signed them, for the clients.
     pub ca: PathBuf,
+    /// The algorithms there is a certificate of.
     pub algorithms: Vec<CertAlgorithmName>,
 }
 
@@ -244,11 +247,14 @@ pub fn start_proxy(
 /// A peer terminator from Debian's packages.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Peer {
+    /// nginx.
     Nginx,
+    /// HAProxy.
     Haproxy,
 }
 
 impl Peer {
+    /// Its name, as columns and `--peers` write it.
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Nginx => "nginx",

@@ -33,9 +33,13 @@ const MAX_CONNECTIONS_PER_LOOP: u64 = 1_000_000;
 /// Successes and failures of one loop, with the first failure's message.
 #[derive(Debug, Default)]
 pub struct Outcome {
+    /// Units of work completed.
     pub ok: u64,
+    /// Units of work that failed.
     pub failed: u64,
+    /// Request body bytes sent in the completed ones.
     pub bytes: u64,
+    /// The first failure's message.
     pub first_error: Option<String>,
 }
 
@@ -71,7 +75,9 @@ async fn join(tasks: Vec<tokio::task::JoinHandle<Outcome>>) -> Outcome {
 /// TLS client configurations: the two ALPN offers the rows need, and the baseline's.
 #[derive(Clone)]
 pub struct Clients {
+    /// Offers ALPN http/1.1.
     pub http1: TlsConnector,
+    /// Offers ALPN h2.
     pub h2: TlsConnector,
     /// The same client without ALPN, for the in-memory handshake baseline.
     pub in_memory: Arc<rustls::ClientConfig>,
@@ -235,7 +241,9 @@ pub enum Bulk {
 
 /// A ready-to-use request sender on one connection.
 pub enum Sender {
+    /// HTTP/1.1.
     H1(http1::SendRequest<Full<Bytes>>),
+    /// HTTP/2.
     H2(http2::SendRequest<Full<Bytes>>),
 }
 

@@ -18,11 +18,14 @@ use rustls::ClientConfig;
 
 /// A response, read whole.
 pub struct Response {
+    /// The HTTP status.
     pub status: u16,
+    /// The body.
     pub body: Bytes,
 }
 
 impl Response {
+    /// The body as text (invalid UTF-8 replaced).
     pub fn text(&self) -> String {
         String::from_utf8_lossy(&self.body).into_owned()
     }
@@ -35,6 +38,7 @@ pub struct Options {
     pub tls: Option<Arc<ClientConfig>>,
     /// Extra headers, e.g. authorization.
     pub headers: Vec<(String, String)>,
+    /// Limit on the whole exchange; none: the client's default.
     pub timeout: Option<Duration>,
     /// The client these options build, shared by their clones.
     pub(crate) client: Arc<OnceLock<reqwest::Client>>,

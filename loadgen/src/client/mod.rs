@@ -32,6 +32,7 @@ pub enum Protocol {
 }
 
 impl Protocol {
+    /// As the command line and results write it.
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Rest => "rest",
@@ -44,12 +45,16 @@ impl Protocol {
 /// for a baseline straight at Qdrant).
 #[derive(Clone, Debug, Serialize)]
 pub struct Target {
+    /// Host name or address (IPv6 without brackets).
     pub host: String,
+    /// Port.
     pub port: u16,
+    /// Whether the load goes over TLS (`http://`: plaintext).
     pub tls: bool,
 }
 
 impl Target {
+    /// Parses `--target`; a bare `HOST:PORT` is TLS.
     pub fn parse(s: &str) -> Result<Self> {
         let (tls, rest) = if let Some(r) = s.strip_prefix("https://") {
             (true, r)
@@ -86,6 +91,7 @@ impl Target {
         }
     }
 
+    /// The first address the host resolves to.
     pub async fn resolve(&self) -> Result<SocketAddr> {
         tokio::net::lookup_host((self.host.as_str(), self.port))
             .await
@@ -94,6 +100,7 @@ impl Target {
             .ok_or_else(|| anyhow!("{} resolves to no address", self))
     }
 
+    /// `host:port`, the host bracketed when it is an IPv6 address.
     pub fn authority(&self) -> String {
         if self.host.contains(':') {
             format!("[{}]:{}", self.host, self.port)
@@ -117,10 +124,15 @@ impl fmt::Display for Target {
 /// Why a request failed; the result counts each kind separately.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum FailureKind {
+    /// The TCP connection could not be made.
     Connect,
+    /// The TLS handshake failed.
     Tls,
+    /// No answer within `--request-timeout`.
     Timeout,
+    /// An HTTP status other than success.
     HttpStatus(u16),
+    /// A gRPC status other than OK.
     GrpcStatus(u32),
     /// The connection broke mid-request, or the answer was not HTTP.
     Protocol,
@@ -142,7 +154,9 @@ impl fmt::Display for FailureKind {
 /// A failure and its first message (kept for the summary).
 #[derive(Debug)]
 pub struct Failure {
+    /// What kind of failure.
     pub kind: FailureKind,
+    /// What was said about it.
     pub message: String,
 }
 
@@ -157,8 +171,11 @@ impl Failure {
 
 /// Opens connections to the target, the same way every time.
 pub struct Connector {
+    /// The address connections go to (resolved once).
     pub addr: SocketAddr,
+    /// The target as given.
     pub target: Target,
+    /// REST or gRPC.
     pub protocol: Protocol,
     tls: Option<(tokio_rustls::TlsConnector, ServerName<'static>)>,
     authority: ::http::uri::Authority,
@@ -168,13 +185,17 @@ pub struct Connector {
 
 /// What a fresh connection cost.
 pub struct Opened {
+    /// The connection.
     pub conn: Conn,
     /// TCP connect + TLS handshake.
     pub handshake: Duration,
+    /// Whether the TLS session was resumed.
     pub resumed: bool,
 }
 
 impl Connector {
+    /// A connector for `target`: TLS with `tls` (required for a TLS target), verified
+    /// against `server_name` or else the target's host.
     pub async fn new(
         target: Target,
         protocol: Protocol,
@@ -203,10 +224,13 @@ impl Connector {
         })
     }
 
+    /// The target's authority, for request URIs.
     pub fn authority(&self) -> &::http::uri::Authority {
         &self.authority
     }
 
+    /// Opens a connection: TCP, TLS when the target has it, then the HTTP handshake
+    /// (HTTP/1.1 for REST, HTTP/2 for gRPC), timed together.
     pub async fn open(&self) -> Result<Opened, Failure> {
         let start = Instant::now();
         let tcp = TcpStream::connect(self.addr).await.map_err(|e| {
@@ -280,12 +304,18 @@ impl Connector {
 /// An open connection, ready for requests. The owner holds the task driving it (dropping
 /// the owner closes the connection); HTTP/2 shares hand out driverless clones.
 pub enum Conn {
+    /// HTTP/1.1 (REST).
     H1 {
+        /// Sends requests.
         sender: http1::SendRequest<Full<Bytes>>,
+        /// The task driving the connection; `None` in a clone.
         driver: Option<tokio::task::JoinHandle<()>>,
     },
+    /// HTTP/2 (gRPC).
     H2 {
+        /// Sends requests (streams).
         sender: http2::SendRequest<Full<Bytes>>,
+        /// The task driving the connection; `None` in a clone.
         driver: Option<tokio::task::JoinHandle<()>>,
     },
 }

@@ -18,6 +18,7 @@ pub struct Admin<'a> {
 }
 
 impl<'a> Admin<'a> {
+    /// Opens a connection to the target for control-plane calls.
     pub async fn connect(connector: &'a Connector) -> Result<Self> {
         let opened = connector
             .open()

@@ -29,6 +29,7 @@ use crate::result::{CellProvider, OnOff, TlsVersion};
 use crate::run::{self, RunArgs};
 use procs::{parse_cpu_list, sibling_binary, Launched};
 
+/// How long each cell runs, and how many rounds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, ValueEnum)]
 #[serde(rename_all = "lowercase")]
 pub enum Profile {
@@ -61,6 +62,7 @@ impl Profile {
     }
 }
 
+/// The flags of `loadgen compare`.
 #[derive(Clone, Debug, Args, Serialize)]
 pub struct CompareArgs {
     /// Providers to compare (comma-separated).
@@ -76,6 +78,7 @@ pub struct CompareArgs {
     /// Output folder: cells/*.json, report.md, report.csv, report.html.
     #[arg(long, default_value = "results/compare")]
     pub out: PathBuf,
+    /// How long each cell runs, and how many rounds.
     #[arg(long, value_enum, default_value_t = Profile::Quick)]
     pub profile: Profile,
     /// Overrides the profile's measured time per cell.
@@ -96,6 +99,7 @@ pub struct CompareArgs {
     #[arg(long)]
     pub resume: bool,
 
+    /// REST or gRPC, for every cell.
     #[arg(long, value_enum, default_value_t = Protocol::Grpc)]
     pub protocol: Protocol,
     /// Workers per cell, each with one request in flight.

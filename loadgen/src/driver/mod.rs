@@ -50,23 +50,31 @@ impl std::fmt::Display for ConnectionPolicy {
     }
 }
 
+/// How requests are paced.
 #[derive(Clone, Copy, Debug)]
 pub enum Mode {
+    /// Closed loop: each worker sends its next request when the last one is answered.
     Closed,
     /// Requests per second.
     Open(f64),
 }
 
+/// How the driver sends.
 #[derive(Clone, Debug)]
 pub struct DriverConfig {
+    /// Closed or open loop.
     pub mode: Mode,
+    /// Workers, each with one request in flight.
     pub concurrency: usize,
+    /// When a worker opens a new connection.
     pub policy: ConnectionPolicy,
     /// Measured phase length; None means until `requests` are done.
     pub duration: Option<Duration>,
     /// Measured requests; None means until `duration` is over.
     pub requests: Option<u64>,
+    /// Sent before the measured phase and not counted in it.
     pub warmup: Duration,
+    /// How long one request may take before it counts as a timeout.
     pub request_timeout: Duration,
     /// HTTP/2 with keep-alive: the workers share this many connections, each request a new
     /// stream on one of them (a gRPC channel's behaviour). None: one connection per worker.
@@ -77,19 +85,27 @@ pub struct DriverConfig {
 
 /// What the driver measured.
 pub struct Outcome {
+    /// Request latency in microseconds, measured requests.
     pub latency_us: Histogram<u64>,
+    /// TCP connect + TLS handshake in microseconds, measured phase.
     pub handshake_us: Histogram<u64>,
+    /// Measured requests acknowledged.
     pub ok: u64,
+    /// Measured requests failed, by kind.
     pub failures: BTreeMap<FailureKind, u64>,
     /// First message seen per failure kind.
     pub failure_examples: BTreeMap<FailureKind, String>,
+    /// Handshakes in the measured phase.
     pub handshakes: u64,
+    /// Of which resumed.
     pub resumed_handshakes: u64,
     /// Body bytes of measured, acknowledged requests.
     pub ok_body_bytes: u64,
     /// Points acknowledged by the target, warm-up included (what the collection must hold).
     pub points_acknowledged: u64,
+    /// Warm-up requests acknowledged.
     pub warmup_ok: u64,
+    /// Warm-up requests failed.
     pub warmup_failed: u64,
     /// Measured phase: from the end of warm-up to the last measured completion.
     pub elapsed: Duration,

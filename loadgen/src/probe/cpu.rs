@@ -20,15 +20,19 @@ pub fn clock_ticks() -> f64 {
 /// The aggregate `cpu` line of /proc/stat.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct SystemTimes {
+    /// Ticks spent on anything but idle and iowait.
     pub busy: u64,
+    /// All ticks.
     pub total: u64,
 }
 
+/// Reads `PROC_ROOT/stat`.
 pub fn read_system(proc_root: &Path) -> Result<SystemTimes> {
     let text = std::fs::read_to_string(proc_root.join("stat")).context("reading /proc/stat")?;
     parse_system(&text)
 }
 
+/// Parses the aggregate `cpu` line of /proc/stat's text.
 pub fn parse_system(text: &str) -> Result<SystemTimes> {
     let line = text
         .lines()
@@ -217,6 +221,7 @@ pub fn host_name(proc_root: &Path) -> String {
         .unwrap_or_else(|| "unknown".to_owned())
 }
 
+/// (CPU model, logical CPUs, kernel release) of this host, "unknown" where unreadable.
 pub fn machine_facts(proc_root: &Path) -> (String, usize, String) {
     let cpuinfo = std::fs::read_to_string(proc_root.join("cpuinfo")).unwrap_or_default();
     let model = cpuinfo

@@ -21,22 +21,29 @@ use crate::result::{CpuRecord, Measured, PowerRecord, ProcessCpu, ProxyMetricsDe
 /// A process whose CPU time is attributed to the run.
 #[derive(Clone, Debug)]
 pub struct Watched {
+    /// Its name in the result (`proxy`, `upstream`).
     pub name: String,
+    /// Its process ids; their children count too.
     pub pids: Vec<u32>,
 }
 
+/// Where the energy of the measured phase is read.
 #[derive(Clone)]
 pub enum PowerSource {
+    /// The RAPL counters under this powercap directory (this host's packages and DRAM).
     Rapl(PathBuf),
     /// A meter read in watts on every sample tick.
     Meter(Arc<WattMeter>),
+    /// None, and why.
     None(String),
 }
 
 /// A power reading taken over the network, in watts; energy is the mean of the samples times
 /// the measured time.
 pub enum WattMeter {
+    /// A BMC's Redfish Power resource.
     Redfish(redfish::Redfish),
+    /// A Prometheus query in watts (an exporter of the BMC's or a PDU's readings).
     Prometheus(prometheus::PrometheusPower),
 }
 
@@ -69,13 +76,19 @@ impl WattMeter {
     }
 }
 
+/// What the probes watch during the measured phase.
 pub struct ProbeConfig {
+    /// Where /proc is (a test points it at a fixture).
     pub proc_root: PathBuf,
     /// The target host's node_exporter instance, asked through this Prometheus at the end.
     pub target_host: Option<(Arc<prometheus::Prometheus>, String)>,
+    /// Where energy is read.
     pub power: PowerSource,
+    /// The processes whose CPU is recorded beside loadgen's own.
     pub watched: Vec<Watched>,
+    /// The proxy's /metrics URL, scraped before and after, and how to reach it.
     pub proxy_metrics: Option<(String, Options)>,
+    /// How often power is sampled.
     pub sample_interval: Duration,
 }
 
@@ -101,6 +114,7 @@ pub struct Running {
 }
 
 impl ProbeConfig {
+    /// Takes the before readings and starts sampling: call just before the measured phase.
     pub async fn start(self) -> Running {
         let proxy_before = match &self.proxy_metrics {
             Some((url, opts)) => Some(proxy_metrics::scrape(url, opts).await),
@@ -350,10 +364,16 @@ impl Running {
     }
 }
 
+/// What the probes read over the measured phase.
 pub struct Finished {
+    /// CPU of the hosts and processes.
     pub cpu: CpuRecord,
+    /// Energy, or why it was not read.
     pub power: Measured<PowerRecord>,
+    /// The proxy's own counts, or why they were not read.
     pub proxy: Measured<ProxyMetricsDelta>,
+    /// The labels of the proxy's `proxy_listener_info` series.
     pub proxy_listeners: Vec<std::collections::BTreeMap<String, String>>,
+    /// What a reader of the figures must know.
     pub warnings: Vec<String>,
 }

@@ -27,7 +27,14 @@ use crate::client::http::{send, Options};
 
 /// How to authenticate to the Prometheus server.
 pub enum Auth {
-    Basic { user: String, password: String },
+    /// HTTP basic authentication.
+    Basic {
+        /// User name.
+        user: String,
+        /// Password.
+        password: String,
+    },
+    /// A bearer token.
     Bearer(String),
 }
 
@@ -41,7 +48,9 @@ pub struct Prometheus {
 /// how many series were summed.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Reading {
+    /// The sum of the samples.
     pub value: f64,
+    /// How many series were summed.
     pub series: usize,
 }
 
@@ -106,6 +115,7 @@ pub struct PrometheusPower {
 }
 
 impl PrometheusPower {
+    /// `query` (in watts) evaluated by `server` on every sample.
     pub fn new(server: Arc<Prometheus>, query: &str) -> Self {
         Self {
             server,
@@ -113,10 +123,12 @@ impl PrometheusPower {
         }
     }
 
+    /// The query, for the record.
     pub fn query(&self) -> &str {
         &self.query
     }
 
+    /// The query evaluated now.
     pub async fn reading(&self) -> Result<Reading> {
         self.server.instant(&self.query).await
     }

@@ -12,19 +12,26 @@ use crate::client::http::{send, Options};
 /// The figures a run uses from one scrape.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Snapshot {
+    /// `proxy_tls_handshakes_total{outcome="ok"}`, summed.
     pub handshakes_ok: f64,
+    /// Of which `resumed="true"`.
     pub handshakes_resumed: f64,
+    /// `proxy_tls_handshake_failures_total`, summed.
     pub handshake_failures: f64,
+    /// `proxy_http_requests_total`, summed.
     pub requests: f64,
+    /// `process_cpu_seconds_total`, when exported.
     pub cpu_seconds: Option<f64>,
     /// openssl-qat: signatures the QAT provider took asynchronously (batched or sent to
-    /// the device), and all the others (in software at low load, inline, failed).
+    /// the device).
     pub qat_offloaded: Option<f64>,
+    /// openssl-qat: all the other signatures (in software at low load, inline, failed).
     pub qat_not_offloaded: Option<f64>,
     /// Labels of `proxy_listener_info` series: provider, algorithm, mode, offload.
     pub listeners: Vec<BTreeMap<String, String>>,
 }
 
+/// Scrapes `url` (the proxy's /metrics) once.
 pub async fn scrape(url: &str, opts: &Options) -> Result<Snapshot> {
     let resp = send(Method::GET, url, None, opts).await?;
     if resp.status != 200 {

@@ -75,6 +75,7 @@ impl Rapl {
         })
     }
 
+    /// The RAPL domains read (package-0, dram, ...).
     pub fn domain_names(&self) -> Vec<String> {
         self.domains.iter().map(|d| d.name.clone()).collect()
     }
@@ -102,6 +103,7 @@ impl Rapl {
         self.accumulated_uj as f64 / 1e6
     }
 
+    /// How often a counter wrapped around during the run (each accounted for).
     pub fn wraps(&self) -> u64 {
         self.wraps
     }

@@ -12,6 +12,7 @@ use rustls::ClientConfig;
 
 use crate::client::http::{send, Options};
 
+/// A BMC's Redfish Power resource, read for the whole server's watts.
 pub struct Redfish {
     url: String,
     opts: Options,
@@ -43,6 +44,7 @@ impl Redfish {
         }
     }
 
+    /// The resource read.
     pub fn url(&self) -> &str {
         &self.url
     }

@@ -28,20 +28,28 @@ const ALGORITHM_ORDER: [&str; 4] = [
     CertAlgorithmName::ALL[3].as_str(),
 ];
 
+/// Which way a metric improves.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Better {
+    /// More is better (requests per second).
     Higher,
+    /// Less is better (latency, CPU per request).
     Lower,
 }
 
 /// One derived figure.
 pub struct Metric {
+    /// Its key in the CSV and in `Report::figures`.
     pub key: &'static str,
+    /// Its name in tables and charts.
     pub title: &'static str,
+    /// Its unit.
     pub unit: &'static str,
+    /// Which way it improves: ratios are oriented so that above 1 is better.
     pub better: Better,
     /// Drawn as a chart in the HTML.
     pub charted: bool,
+    /// Reads it from one result, or says why it cannot.
     pub extract: fn(&RunResult) -> Result<f64, String>,
 }
 
@@ -220,16 +228,23 @@ pub const METRICS: &[Metric] = &[
 /// One figure of one provider x algorithm, over its repeats.
 #[derive(Clone, Debug)]
 pub enum Figure {
+    /// Measured in `n` rounds.
     Value {
+        /// The median over the rounds.
         median: f64,
+        /// The smallest round.
         min: f64,
+        /// The largest round.
         max: f64,
+        /// Rounds.
         n: usize,
     },
+    /// Not measured in any round, and why.
     Missing(String),
 }
 
 impl Figure {
+    /// The median, if measured.
     pub fn median(&self) -> Option<f64> {
         match self {
             Figure::Value { median, .. } => Some(*median),
@@ -242,15 +257,19 @@ impl Figure {
 pub struct Report {
     /// In report order (`CellProvider`'s: the registry's providers, then peers by name).
     pub providers: Vec<CellProvider>,
+    /// In report order (the reference study's).
     pub algorithms: Vec<String>,
     /// (provider, algorithm) -> metric key -> figure.
     pub figures: BTreeMap<(CellProvider, String), BTreeMap<&'static str, Figure>>,
     /// (algorithm, metric key) -> (best software provider, its median).
     pub baselines: BTreeMap<(String, &'static str), (CellProvider, f64)>,
+    /// Cells that could not be measured.
     pub failures: Vec<CellFailure>,
     /// Facts about the set-up, from the first result.
     pub setup: Vec<(String, String)>,
+    /// The most rounds any cell has.
     pub repeats: u32,
+    /// Results read (rounds of cells).
     pub cells_measured: usize,
     /// Per algorithm, in algorithm order: what decides (see `verdicts()`).
     pub verdicts: Vec<(String, Vec<String>)>,
@@ -259,6 +278,7 @@ pub struct Report {
 }
 
 impl Report {
+    /// One metric of one cell.
     pub fn figure(
         &self,
         provider: &CellProvider,

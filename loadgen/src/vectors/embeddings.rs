@@ -17,11 +17,14 @@ use tokio_util::sync::CancellationToken;
 use super::{read_vectors_file, write_vectors_file, VectorSet};
 use crate::client::http::{send, Options};
 
+/// How vectors are made from a corpus through an embeddings endpoint.
 #[derive(Clone, Debug)]
 pub struct EmbeddingsOptions {
     /// Base URL of the server, e.g. http://ovms:8000 (the path /v3/embeddings is added).
     pub url: String,
+    /// The model name sent with every request.
     pub model: String,
+    /// The text file (or folder of them) the texts are cut from.
     pub corpus: PathBuf,
     /// Texts per embeddings request.
     pub batch: usize,
@@ -29,9 +32,12 @@ pub struct EmbeddingsOptions {
     pub chunk_chars: usize,
     /// Stop after this many chunks (0: all).
     pub max_chunks: usize,
+    /// Where the vectors are kept, so a second run embeds nothing (keyed by model, corpus and
+    /// chunking).
     pub cache: PathBuf,
 }
 
+/// An OpenAI-compatible embeddings endpoint (OVMS's `/v3/embeddings`).
 pub struct EmbeddingsClient {
     endpoint: String,
     model: String,
@@ -39,6 +45,7 @@ pub struct EmbeddingsClient {
 }
 
 impl EmbeddingsClient {
+    /// A client of `url` (a base URL, or the endpoint itself when it ends in `/embeddings`).
     pub fn new(url: &str, model: &str, opts: Options) -> Self {
         let base = url.trim_end_matches('/');
         let endpoint = if base.ends_with("/embeddings") {
@@ -53,6 +60,7 @@ impl EmbeddingsClient {
         }
     }
 
+    /// The endpoint requests go to.
     pub fn endpoint(&self) -> &str {
         &self.endpoint
     }
@@ -224,13 +232,16 @@ pub async fn load_or_embed(opts: &EmbeddingsOptions, http: Options) -> Result<(V
 /// Embedding requests at a fixed rate in the background (`--embed-live`), so the proxy and
 /// the database share the machine with an embedding stage as in a live pipeline.
 pub struct LiveEmbedder {
+    /// Requests answered so far.
     pub ok: Arc<AtomicU64>,
+    /// Requests failed so far.
     pub failed: Arc<AtomicU64>,
     handle: tokio::task::JoinHandle<()>,
     stop: CancellationToken,
 }
 
 impl LiveEmbedder {
+    /// Starts sending batches of `batch` of `texts` at `rate` requests per second.
     pub fn start(client: EmbeddingsClient, texts: Vec<String>, batch: usize, rate: f64) -> Self {
         let ok = Arc::new(AtomicU64::new(0));
         let failed = Arc::new(AtomicU64::new(0));
@@ -268,6 +279,7 @@ impl LiveEmbedder {
         }
     }
 
+    /// Stops, and returns (answered, failed).
     pub async fn stop(self) -> (u64, u64) {
         self.stop.cancel();
         let _ = self.handle.await;

@@ -24,6 +24,8 @@ struct Header {
     source: String,
 }
 
+/// Writes `set` to `path` with `key` (what it was made from), so a later run with the same
+/// key reads it instead of embedding again.
 pub fn write_vectors_file(path: &Path, set: &VectorSet, key: &str) -> Result<()> {
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;

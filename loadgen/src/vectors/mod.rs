@@ -15,6 +15,7 @@ pub use file::{read_vectors_file, write_vectors_file};
 /// Vectors ready to be encoded into request bodies: `count` rows of `dim` floats.
 #[derive(Clone, Debug)]
 pub struct VectorSet {
+    /// Dimensions per vector.
     pub dim: usize,
     /// Row-major, `dim` floats per vector.
     pub data: Vec<f32>,
@@ -23,14 +24,17 @@ pub struct VectorSet {
 }
 
 impl VectorSet {
+    /// How many vectors.
     pub fn len(&self) -> usize {
         self.data.len().checked_div(self.dim).unwrap_or(0)
     }
 
+    /// Whether there are none.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
 
+    /// Vector `i`, wrapping around: a run may send more points than the set holds.
     pub fn row(&self, i: usize) -> &[f32] {
         let i = i % self.len();
         &self.data[i * self.dim..(i + 1) * self.dim]
@@ -43,10 +47,12 @@ impl VectorSet {
 pub struct SplitMix64(u64);
 
 impl SplitMix64 {
+    /// A generator started at `seed`.
     pub fn new(seed: u64) -> Self {
         Self(seed)
     }
 
+    /// The next value.
     pub fn next_u64(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
         let mut z = self.0;
@@ -86,6 +92,7 @@ pub fn synthetic(count: usize, dim: usize, seed: u64) -> VectorSet {
     }
 }
 
+/// Scales `v` to unit length, as embedding models emit (a zero vector stays zero).
 pub fn normalise(v: &mut [f32]) {
     let norm = v.iter().map(|x| x * x).sum::<f32>().sqrt();
     if norm > 0.0 {

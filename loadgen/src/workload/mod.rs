@@ -32,9 +32,13 @@ const TEMPLATE_VARIANTS: usize = 8;
 /// The workload's shape.
 #[derive(Clone, Debug)]
 pub struct UpsertSpec {
+    /// REST (JSON) or gRPC (protobuf).
     pub protocol: Protocol,
+    /// The collection upserted into.
     pub collection: String,
+    /// Points per upsert.
     pub points_per_request: usize,
+    /// Whether each upsert asks Qdrant to wait until it is applied.
     pub wait: bool,
     /// Decimals per float in REST JSON; 0 writes the shortest round-trip f32 form.
     pub json_decimals: usize,
@@ -111,6 +115,7 @@ impl Workload {
         })
     }
 
+    /// The workload's shape.
     pub fn spec(&self) -> &UpsertSpec {
         &self.spec
     }
@@ -129,6 +134,7 @@ impl Workload {
         (lens.clone().min().unwrap_or(0), lens.max().unwrap_or(0))
     }
 
+    /// The body length of request `seq` (the template it is built from).
     pub fn body_len(&self, seq: u64) -> usize {
         self.templates[(seq % self.templates.len() as u64) as usize]
             .bytes

@@ -1,0 +1,360 @@
+//! `loadgen run`: one measured run, from vectors to the JSON result and the summary.
+//!
+//! `args.rs` the flags and their checks; `setup.rs` what the flags set up (vectors,
+//! embeddings, Prometheus, power, watched processes); here the plan, preparation and the
+//! measured phase; `record.rs` the result assembled from the measurements.
+
+mod args;
+mod record;
+mod setup;
+
+pub(crate) use args::{serialize_display, serialize_opt_duration};
+pub use args::{PowerChoice, RunArgs, VectorSource};
+pub use record::write_json;
+use record::{read_out, verify};
+use setup::{
+    embeddings_http, embeddings_options, power_source, prepare_vectors, prometheus_server, watched,
+};
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{anyhow, bail, Context, Result};
+use proxy::crypto::{KxGroupName, Provider, ProviderName};
+use tokio_util::sync::CancellationToken;
+
+use crate::client::http::Options;
+use crate::client::qdrant::Admin;
+use crate::client::{Connector, Protocol, Target};
+use crate::driver::{self, DriverConfig, Mode};
+use crate::probe::{self, PowerSource, ProbeConfig, Watched};
+use crate::result::*;
+use crate::vectors::{self, EmbeddingsClient, LiveEmbedder, VectorSet};
+use crate::workload::{id_base_for_run, UpsertSpec, Workload};
+
+/// A run, decided before anything is changed: every flag checked (`RunArgs::check`) and
+/// turned into what the run uses, typed (the target, protocol, client TLS configuration,
+/// request headers, the driver's settings, the processes to watch, the power source).
+/// Building it touches neither the target nor the collection.
+pub struct RunPlan {
+    /// Where the load goes.
+    pub target: Target,
+    /// REST or gRPC.
+    pub protocol: Protocol,
+    /// The client's provider and its library, for the record.
+    pub client_provider: ProviderName,
+    client_library: String,
+    /// The client's TLS configuration (none: a plaintext baseline).
+    tls: Option<Arc<rustls::ClientConfig>>,
+    /// `--header` values and the API key.
+    headers: http::HeaderMap,
+    /// The measured phase: loop, concurrency, connection policy, duration or count.
+    pub driver: DriverConfig,
+    /// Processes whose CPU is measured.
+    watched: Vec<Watched>,
+    /// Where watts come from, or why they do not.
+    power: PowerSource,
+    /// The target host's CPU through Prometheus and node_exporter.
+    target_host: Option<(Arc<probe::prometheus::Prometheus>, String)>,
+    /// /proc, where this host's CPU is read.
+    proc_root: PathBuf,
+}
+
+impl RunPlan {
+    /// Checks `args` and decides everything that can be decided without the network.
+    pub fn new(args: &RunArgs) -> Result<Self> {
+        args.check()?;
+        let target = Target::parse(&args.target)?;
+        let protocol = args.protocol.unwrap_or_else(|| target.default_protocol());
+        let client_provider = args.client_provider;
+        let kx: KxGroupName = args.kx.parse().map_err(|e| anyhow!("--kx: {e}"))?;
+        let client_library = Provider::new(client_provider, &[kx])
+            .context("--client-provider")?
+            .library_version();
+        let tls = if target.tls {
+            Some(
+                proxy::tls::client::ClientTls {
+                    provider: client_provider,
+                    kx_groups: vec![kx],
+                    versions: args.tls_version.into_iter().collect(),
+                    trust: crate::client::tls::trust(
+                        client_provider,
+                        args.ca.as_deref(),
+                        args.insecure,
+                    )?,
+                    resumption: args.resumption == OnOff::On,
+                    alpn: vec![match protocol {
+                        Protocol::Rest => b"http/1.1".to_vec(),
+                        Protocol::Grpc => b"h2".to_vec(),
+                    }],
+                    ..Default::default()
+                }
+                .build()?,
+            )
+        } else {
+            None
+        };
+        let proc_root = PathBuf::from("/proc");
+        let driver = DriverConfig {
+            mode: match args.rate {
+                Some(r) => Mode::Open(r),
+                None => Mode::Closed,
+            },
+            concurrency: args.concurrency.max(1),
+            policy: args.connection_policy,
+            duration: match (args.duration, args.requests) {
+                (Some(d), _) => Some(Duration::from(d)),
+                (None, Some(_)) => None,
+                (None, None) => Some(Duration::from_secs(10)),
+            },
+            requests: args.requests,
+            warmup: args.warmup.into(),
+            request_timeout: args.request_timeout.into(),
+            shared_connections: args.connections,
+            progress: !args.quiet,
+        };
+        Ok(Self {
+            watched: watched(args, &proc_root)?,
+            power: power_source(args)?,
+            target_host: match (&args.target_node_exporter, prometheus_server(args)?) {
+                (Some(instance), Some(server)) => Some((server, instance.clone())),
+                _ => None,
+            },
+            headers: args.request_headers()?,
+            target,
+            protocol,
+            client_provider,
+            client_library,
+            tls,
+            driver,
+            proc_root,
+        })
+    }
+}
+
+/// What is ready before the clock starts: vectors encoded into request bodies, the
+/// connector, the collection, and the point count to verify against.
+struct Prepared {
+    vectors: VectorSet,
+    connector: Arc<Connector>,
+    workload: Arc<Workload>,
+    count_before: Option<Result<u64>>,
+}
+
+/// Everything that can be prepared is, outside any timing: vectors (embedded if asked),
+/// bodies, the control connection (which also proves the target speaks TLS), the
+/// collection (recreated if asked) and its count before the run.
+async fn prepare(args: &RunArgs, plan: &RunPlan) -> Result<Prepared> {
+    let vectors = prepare_vectors(args, 8 * args.points_per_request).await?;
+    let mut connector = Connector::new(
+        plan.target.clone(),
+        plan.protocol,
+        plan.tls.clone(),
+        args.server_name.as_deref(),
+    )
+    .await
+    .with_context(|| format!("--target {}", args.target))?;
+    connector.extra_headers = plan.headers.clone();
+    let connector = Arc::new(connector);
+    // Picks this run's id range. Random, not the clock: processes started side by side
+    // (--start-at, an indexed Job) prepare in the same millisecond, and equal ranges would
+    // overwrite each other's points. (RandomState is seeded randomly per process.)
+    let nonce = {
+        use std::hash::BuildHasher;
+        std::collections::hash_map::RandomState::new().hash_one((
+            std::process::id(),
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos()),
+        ))
+    };
+    let spec = UpsertSpec {
+        protocol: plan.protocol,
+        collection: args.collection.clone(),
+        points_per_request: args.points_per_request,
+        wait: args.wait,
+        json_decimals: args.json_decimals,
+    };
+    let mut workload = Workload::build(
+        spec,
+        &vectors,
+        id_base_for_run(nonce),
+        if plan.target.tls { "https" } else { "http" },
+        connector.authority().as_str(),
+    )?;
+    workload.extra_headers = plan.headers.clone();
+    let mut admin = Admin::connect(&connector).await.with_context(|| {
+        format!(
+            "cannot reach {} over {}",
+            plan.target,
+            plan.protocol.as_str()
+        )
+    })?;
+    admin
+        .ensure_collection(&args.collection, vectors.dim, args.recreate)
+        .await
+        .with_context(|| format!("preparing collection {:?}", args.collection))?;
+    let count_before = if args.verify_count {
+        Some(admin.count(&args.collection).await)
+    } else {
+        None
+    };
+    Ok(Prepared {
+        vectors,
+        connector,
+        workload: Arc::new(workload),
+        count_before,
+    })
+}
+
+/// Waits for `--start-at`, the barrier of processes started side by side.
+async fn wait_for_start(at: Option<std::time::SystemTime>, stop: &CancellationToken) -> Result<()> {
+    let Some(at) = at else {
+        return Ok(());
+    };
+    match at.duration_since(std::time::SystemTime::now()) {
+        Ok(wait) => {
+            tokio::select! {
+                _ = tokio::time::sleep(wait) => Ok(()),
+                _ = stop.cancelled() => bail!("interrupted while waiting for --start-at"),
+            }
+        }
+        Err(late) => bail!(
+            "--start-at is {:.1} s in the past once the run was prepared: give a later time",
+            late.duration().as_secs_f64()
+        ),
+    }
+}
+
+/// Runs the whole thing: plan, set-up, warm-up, measured phase, read-out.
+pub async fn execute(args: &RunArgs, stop: CancellationToken) -> Result<RunResult> {
+    let plan = RunPlan::new(args)?;
+    let prepared = prepare(args, &plan).await?;
+    // Everything is prepared; the barrier is the last thing before the load.
+    wait_for_start(args.start_at, &stop).await?;
+    let started_at = humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string();
+    // The measured phase starts when the warm-up ends, on the wall clock too.
+    let measured_from = (std::time::SystemTime::now() + plan.driver.warmup)
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64());
+    let (outcome, finished, embed_live) = measure(args, &plan, &prepared, &stop).await?;
+    let verification = match &prepared.count_before {
+        None => Measured::missing("--verify-count false"),
+        Some(Err(e)) => Measured::missing(format!("counting before the run: {e:#}")),
+        Some(Ok(before)) => {
+            verify(
+                &prepared.connector,
+                &args.collection,
+                *before,
+                outcome.points_acknowledged,
+                args.wait,
+            )
+            .await
+        }
+    };
+    let result = read_out(
+        args,
+        &plan,
+        &prepared,
+        Measurements {
+            started_at,
+            measured_from,
+            outcome,
+            finished,
+            embed_live,
+            verification,
+        },
+    )?;
+    if let Some(path) = &args.out {
+        write_json(path, &result)?;
+    }
+    Ok(result)
+}
+
+/// The warm-up and the measured phase, with the probes around the measured phase and the
+/// live embedding load beside it.
+async fn measure(
+    args: &RunArgs,
+    plan: &RunPlan,
+    prepared: &Prepared,
+    stop: &CancellationToken,
+) -> Result<(driver::Outcome, probe::Finished, Option<EmbedLiveRecord>)> {
+    let proxy_metrics = args.proxy_metrics.clone().map(|url| {
+        (
+            url,
+            Options {
+                timeout: Some(Duration::from_secs(5)),
+                ..Default::default()
+            },
+        )
+    });
+    let live = match args.embed_live {
+        Some(rate) => {
+            let opts = embeddings_options(args)?;
+            let texts = vectors::chunk_corpus(&opts.corpus, opts.chunk_chars)?;
+            let client = EmbeddingsClient::new(&opts.url, &opts.model, embeddings_http(args)?);
+            Some((rate, LiveEmbedder::start(client, texts, opts.batch, rate)))
+        }
+        None => None,
+    };
+
+    // Warm-up runs inside the driver; probes start when the measured phase does. Without a
+    // warm-up they start before the first request, so the proxy's counters match exactly.
+    let warmup = plan.driver.warmup;
+    let probe_config = ProbeConfig {
+        proc_root: plan.proc_root.clone(),
+        target_host: plan.target_host.clone(),
+        power: plan.power.clone(),
+        watched: plan.watched.clone(),
+        proxy_metrics,
+        sample_interval: Duration::from_secs(1),
+    };
+    let (probes, outcome) = if warmup.is_zero() {
+        let probes = probe_config.start().await;
+        let outcome = driver::run(
+            prepared.workload.clone(),
+            prepared.connector.clone(),
+            plan.driver.clone(),
+            stop.clone(),
+        )
+        .await;
+        (probes, outcome)
+    } else {
+        let driver_task = tokio::spawn(driver::run(
+            prepared.workload.clone(),
+            prepared.connector.clone(),
+            plan.driver.clone(),
+            stop.clone(),
+        ));
+        tokio::select! {
+            _ = tokio::time::sleep(warmup) => {}
+            _ = stop.cancelled() => {}
+        }
+        let probes = probe_config.start().await;
+        (probes, driver_task.await.context("driver task")?)
+    };
+    let finished = probes.finish(outcome.ok).await;
+    let embed_live = match live {
+        Some((rate, l)) => {
+            let (ok, failed) = l.stop().await;
+            Some(EmbedLiveRecord {
+                rate_per_s: rate,
+                ok,
+                failed,
+            })
+        }
+        None => None,
+    };
+    Ok((outcome, finished, embed_live))
+}
+
+/// What the measured phase produced, for [`read_out`].
+struct Measurements {
+    started_at: String,
+    measured_from: f64,
+    outcome: driver::Outcome,
+    finished: probe::Finished,
+    embed_live: Option<EmbedLiveRecord>,
+    verification: Measured<Verification>,
+}

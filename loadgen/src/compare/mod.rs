@@ -114,8 +114,9 @@ pub struct CompareArgs {
     #[arg(long, value_enum, default_value_t = OnOff::Off)]
     pub resumption: OnOff,
     /// Key-exchange groups of every cell, client and proxy alike (comma-separated).
-    #[arg(long, default_value = "x25519")]
-    pub kx: String,
+    #[arg(long, value_delimiter = ',', num_args = 1.., default_value = "x25519")]
+    #[serde(serialize_with = "run::serialize_joined")]
+    pub kx: Vec<KxGroupName>,
     /// The TLS version of every cell, client and proxy alike: 1.2 or 1.3.
     #[arg(long, default_value_t = TlsVersion::Tls13)]
     pub tls_version: TlsVersion,
@@ -585,12 +586,6 @@ async fn run_local_cell(
         .clone()
         .unwrap_or_else(|| sibling_binary("proxy"));
     let loopback_port_0: SocketAddr = ([127, 0, 0, 1], 0).into();
-    let kx_groups = args
-        .kx
-        .split(',')
-        .map(|g| g.trim().parse::<KxGroupName>())
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| anyhow!("--kx: {e}"))?;
     let settings = ProxySettings {
         provider: match &cell.provider {
             CellProvider::Proxy(p) => *p,
@@ -615,7 +610,7 @@ async fn run_local_cell(
             tls: TlsSettings {
                 min_version: Some(args.tls_version),
                 max_version: Some(args.tls_version),
-                kx_groups: Some(kx_groups),
+                kx_groups: Some(args.kx.clone()),
                 resumption: Some(args.resumption == OnOff::On),
             },
         }],
@@ -741,12 +736,13 @@ async fn wait_ready(url: &str) -> Result<()> {
 mod tests {
     use super::*;
 
+    #[derive(Parser)]
+    struct Wrapper {
+        #[command(flatten)]
+        args: CompareArgs,
+    }
+
     fn compare_args(extra: &[&str]) -> CompareArgs {
-        #[derive(Parser)]
-        struct Wrapper {
-            #[command(flatten)]
-            args: CompareArgs,
-        }
         Wrapper::try_parse_from(["compare"].iter().chain(extra))
             .unwrap()
             .args
@@ -809,6 +805,22 @@ mod tests {
         assert_eq!(run.cell_repeat, 2);
         assert_eq!(run.ca.as_deref(), Some(Path::new("ca.crt")));
         assert_eq!(run.dim, 64, "the flags after -- carry over");
+    }
+
+    /// `--kx` is a list of groups, typed once: every cell's client offers them in order,
+    /// and results record them as the command line wrote them.
+    #[test]
+    fn key_exchange_groups_are_a_typed_list_recorded_as_written() {
+        let args = compare_args(&["--kx", "x25519,secp256r1"]);
+        assert_eq!(args.kx, [KxGroupName::X25519, KxGroupName::Secp256r1]);
+        let base = base_run_args(&args).unwrap();
+        assert_eq!(base.kx, args.kx);
+        let recorded = crate::result::RunConfig::of(&base).unwrap();
+        assert_eq!(recorded.kx, "x25519,secp256r1");
+        assert!(
+            Wrapper::try_parse_from(["compare", "--kx", "x25519,bogus"]).is_err(),
+            "an unknown group is refused by the command line"
+        );
     }
 
     #[test]

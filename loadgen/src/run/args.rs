@@ -139,8 +139,9 @@ pub struct RunArgs {
     pub client_provider: ProviderName,
     /// Key-exchange groups the client offers, in order (comma-separated): x25519,
     /// secp256r1, secp384r1, x25519mlkem768.
-    #[arg(long, default_value = "x25519")]
-    pub kx: String,
+    #[arg(long, value_delimiter = ',', num_args = 1.., default_value = "x25519")]
+    #[serde(serialize_with = "serialize_joined")]
+    pub kx: Vec<KxGroupName>,
     /// CA bundle that verifies the target (default: the system bundle).
     #[arg(long)]
     pub ca: Option<PathBuf>,
@@ -284,6 +285,15 @@ pub struct RunArgs {
     pub cell_repeat: u32,
 }
 
+/// A list as its comma-separated names, as the command line wrote it (and results record).
+pub(crate) fn serialize_joined<T: std::fmt::Display, S: serde::Serializer>(
+    v: &[T],
+    s: S,
+) -> Result<S::Ok, S::Error> {
+    let names: Vec<String> = v.iter().map(ToString::to_string).collect();
+    s.serialize_str(&names.join(","))
+}
+
 pub(crate) fn serialize_display<T: std::fmt::Display, S: serde::Serializer>(
     v: &T,
     s: S,
@@ -374,9 +384,9 @@ impl RunArgs {
         self.request_headers()?;
         let target = Target::parse(&self.target)?;
         let protocol = self.protocol.unwrap_or_else(|| target.default_protocol());
-        self.kx
-            .parse::<KxGroupName>()
-            .map_err(|e| anyhow!("--kx: {e}"))?;
+        if self.kx.is_empty() {
+            bail!("--kx: name at least one group");
+        }
         if let Some(r) = self.rate {
             if !(r > 0.0 && r.is_finite()) {
                 bail!("--rate {r}: must be above 0");

@@ -8,7 +8,7 @@ mod args;
 mod record;
 mod setup;
 
-pub(crate) use args::{serialize_display, serialize_opt_duration};
+pub(crate) use args::{serialize_display, serialize_joined, serialize_opt_duration};
 pub use args::{PowerChoice, RunArgs, VectorSource};
 pub use record::write_json;
 use record::{read_out, verify};
@@ -20,8 +20,8 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::{anyhow, bail, Context, Result};
-use proxy::crypto::{KxGroupName, Provider, ProviderName};
+use anyhow::{bail, Context, Result};
+use proxy::crypto::{Provider, ProviderName};
 use tokio_util::sync::CancellationToken;
 
 use crate::client::http::Options;
@@ -68,15 +68,14 @@ impl RunPlan {
         let target = Target::parse(&args.target)?;
         let protocol = args.protocol.unwrap_or_else(|| target.default_protocol());
         let client_provider = args.client_provider;
-        let kx: KxGroupName = args.kx.parse().map_err(|e| anyhow!("--kx: {e}"))?;
-        let client_library = Provider::new(client_provider, &[kx])
+        let client_library = Provider::new(client_provider, &args.kx)
             .context("--client-provider")?
             .library_version();
         let tls = if target.tls {
             Some(
                 proxy::tls::client::ClientTls {
                     provider: client_provider,
-                    kx_groups: vec![kx],
+                    kx_groups: args.kx.clone(),
                     versions: args.tls_version.into_iter().collect(),
                     trust: crate::client::tls::trust(
                         client_provider,

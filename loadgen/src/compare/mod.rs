@@ -598,7 +598,9 @@ async fn run_local_cell(
             listen: loopback_port_0,
         }),
         listeners: vec![ListenerSettings {
-            name: cell.algorithm.clone(),
+            // The name the proxy gives an unnamed first listener, as when compare started it
+            // with flags: results record the listener labels of its /metrics.
+            name: "listener0".to_owned(),
             listen: loopback_port_0,
             cert: cert_dir.join(format!("{}.crt", cell.algorithm)),
             key: cert_dir.join(format!("{}.key", cell.algorithm)),

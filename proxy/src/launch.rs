@@ -221,25 +221,12 @@ impl Launched {
             what: self.what.clone(),
             source,
         };
-        if let Some(status) = self.child.try_wait().map_err(io)? {
-            return Ok(status);
-        }
-        let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
-        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
-        let deadline = Instant::now() + limit;
-        loop {
-            if let Some(status) = self.child.try_wait().map_err(io)? {
-                return Ok(status);
-            }
-            if Instant::now() > deadline {
-                let _ = self.child.kill();
-                let _ = self.child.wait();
-                return Err(LaunchError::NotStopped {
-                    what: self.what.clone(),
-                    limit,
-                });
-            }
-            std::thread::sleep(POLL);
+        match terminate(&mut self.child, limit).map_err(io)? {
+            Some(status) => Ok(status),
+            None => Err(LaunchError::NotStopped {
+                what: self.what.clone(),
+                limit,
+            }),
         }
     }
 }
@@ -250,6 +237,29 @@ impl Drop for Launched {
             let _ = self.child.kill();
             let _ = self.child.wait();
         }
+    }
+}
+
+/// SIGTERM to `child`, then up to `limit` for it to exit; SIGKILL after that, and `None`.
+/// The one stop of every process the project starts (a launched one, or a peer terminator
+/// that writes no ready file). Blocking.
+pub fn terminate(child: &mut Child, limit: Duration) -> std::io::Result<Option<ExitStatus>> {
+    if let Some(status) = child.try_wait()? {
+        return Ok(Some(status));
+    }
+    let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+    let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(status) = child.try_wait()? {
+            return Ok(Some(status));
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Ok(None);
+        }
+        std::thread::sleep(POLL);
     }
 }
 

@@ -13,10 +13,12 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
 use proxy::crypto::{CertAlgorithmName, KxGroupName, ProviderName};
-use proxy::launch::{AdminSettings, LimitSettings, ListenerSettings, ProxySettings, TlsSettings};
+use proxy::launch::{
+    log_tail, terminate, AdminSettings, LimitSettings, ListenerSettings, ProxySettings, TlsSettings,
+};
 use proxy::tls::TlsVersion;
 
-use crate::compare::procs::{self, tail, Launched};
+use crate::compare::procs::{self, Launched};
 use crate::probe::cpu;
 
 /// TLS 1.3 suites in the order every terminator prefers, ours included (servers choose):
@@ -77,17 +79,7 @@ struct PeerChild {
 impl PeerChild {
     /// SIGTERM (a fast shutdown for nginx and HAProxy alike), a bounded wait, SIGKILL.
     fn stop(&mut self) {
-        let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
-        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        let _ = terminate(&mut self.child, Duration::from_secs(10));
     }
 }
 
@@ -140,8 +132,8 @@ impl Terminator {
     /// The last lines of its log.
     pub fn log_tail(&self) -> String {
         match &self.process {
-            Process::Ours(m) => tail(&m.log),
-            Process::Peer(p) => tail(&p.log),
+            Process::Ours(m) => log_tail(&m.log),
+            Process::Peer(p) => log_tail(&p.log),
         }
     }
 
@@ -405,13 +397,13 @@ pub fn start_peer(
                 bail!(
                     "{} exited during start-up ({status}): {}",
                     peer.as_str(),
-                    tail(&log)
+                    log_tail(&log)
                 );
             }
             if Instant::now() > deadline {
                 let _ = child.kill();
                 let _ = child.wait();
-                bail!("{} did not open {addr}: {}", peer.as_str(), tail(&log));
+                bail!("{} did not open {addr}: {}", peer.as_str(), log_tail(&log));
             }
             std::thread::sleep(Duration::from_millis(20));
         }

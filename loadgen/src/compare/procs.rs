@@ -7,7 +7,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context, Result};
-pub use proxy::launch::{log_tail as tail, Launched};
+pub use proxy::launch::Launched;
 
 /// How long a process may take to become ready or to exit.
 const START_LIMIT: Duration = Duration::from_secs(60);

@@ -101,14 +101,9 @@ impl Terminator {
         }
     }
 
-    /// User and system CPU seconds of the whole process tree.
-    pub fn cpu_seconds(&self) -> Result<cpu::CpuSplit> {
-        let proc_root = Path::new("/proc");
-        cpu::process_tree(proc_root, self.pid())
-            .into_iter()
-            .map(|pid| cpu::process_cpu_split(proc_root, pid))
-            .sum::<Result<cpu::CpuSplit>>()
-            .with_context(|| self.label.clone())
+    /// A CPU window on the whole process tree (user and system), opened now.
+    pub fn cpu_window(&self) -> Result<cpu::CpuWindow> {
+        cpu::CpuWindow::open(Path::new("/proc"), self.pid()).with_context(|| self.label.clone())
     }
 
     /// Resident memory of the whole process tree, in KiB.

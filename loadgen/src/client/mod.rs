@@ -169,6 +169,82 @@ impl Failure {
     }
 }
 
+/// What answer acknowledges a request: the check a unit of work asks of [`Conn::send`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Answer {
+    /// HTTP 200 with Qdrant's `"status":"ok"` in the JSON body (a 200 without it is a
+    /// misrouted request or a different server, not an acknowledged write).
+    QdrantRest,
+    /// HTTP 200, `application/grpc`, and grpc-status 0 in the trailers (or, for a
+    /// trailers-only answer, in the headers).
+    Grpc,
+    /// HTTP 200, whatever the body (a request that writes nothing, such as a tiny GET).
+    Status200,
+}
+
+impl Answer {
+    /// The answer Qdrant gives to an acknowledged request of `protocol`.
+    pub fn of(protocol: Protocol) -> Self {
+        match protocol {
+            Protocol::Rest => Self::QdrantRest,
+            Protocol::Grpc => Self::Grpc,
+        }
+    }
+
+    /// Ok when `parts` and the collected body acknowledge the request.
+    fn check(
+        self,
+        parts: &::http::response::Parts,
+        collected: http_body_util::Collected<Bytes>,
+    ) -> Result<(), Failure> {
+        let snippet =
+            |body: &[u8]| String::from_utf8_lossy(&body[..body.len().min(300)]).into_owned();
+        match self {
+            Self::QdrantRest | Self::Status200 => {
+                let body = collected.to_bytes();
+                if parts.status != ::http::StatusCode::OK {
+                    return Err(Failure::new(
+                        FailureKind::HttpStatus(parts.status.as_u16()),
+                        format!("HTTP {}: {}", parts.status, snippet(&body)),
+                    ));
+                }
+                if self == Self::QdrantRest && !contains(&body, br#""status":"ok""#) {
+                    return Err(Failure::new(
+                        FailureKind::Protocol,
+                        format!(
+                            "HTTP 200 without a Qdrant \"status\":\"ok\" answer: {}",
+                            snippet(&body)
+                        ),
+                    ));
+                }
+                Ok(())
+            }
+            Self::Grpc => {
+                if parts.status != ::http::StatusCode::OK {
+                    return Err(Failure::new(
+                        FailureKind::HttpStatus(parts.status.as_u16()),
+                        format!("HTTP {} on a gRPC call", parts.status),
+                    ));
+                }
+                let is_grpc = parts
+                    .headers
+                    .get(::http::header::CONTENT_TYPE)
+                    .and_then(|v| v.to_str().ok())
+                    .is_some_and(|v| v.starts_with("application/grpc"));
+                if !is_grpc {
+                    return Err(Failure::new(
+                        FailureKind::Protocol,
+                        "HTTP 200 but not a gRPC answer",
+                    ));
+                }
+                // A trailers-only answer carries grpc-status in the headers.
+                let trailers = collected.trailers().cloned();
+                grpc_outcome(trailers.as_ref().unwrap_or(&parts.headers))
+            }
+        }
+    }
+}
+
 /// Opens connections to the target, the same way every time.
 pub struct Connector {
     /// The address connections go to (resolved once).
@@ -177,6 +253,9 @@ pub struct Connector {
     pub target: Target,
     /// REST or gRPC.
     pub protocol: Protocol,
+    /// HTTP/2 (prior knowledge, or as ALPN negotiated it) rather than HTTP/1.1: gRPC's by
+    /// default; the bench also sends REST JSON over it.
+    http2: bool,
     tls: Option<(tokio_rustls::TlsConnector, ServerName<'static>)>,
     authority: ::http::uri::Authority,
     /// Sent on every control-plane request too (API key, `--header`).
@@ -218,10 +297,18 @@ impl Connector {
             addr,
             target,
             protocol,
+            http2: protocol == Protocol::Grpc,
             tls,
             authority,
             extra_headers: ::http::HeaderMap::new(),
         })
+    }
+
+    /// The same connector speaking HTTP/2 (`true`) or HTTP/1.1 whatever the protocol: REST
+    /// JSON over h2, as some clients send it.
+    pub fn over_http2(mut self, http2: bool) -> Self {
+        self.http2 = http2;
+        self
     }
 
     /// The target's authority, for request URIs.
@@ -230,7 +317,8 @@ impl Connector {
     }
 
     /// Opens a connection: TCP, TLS when the target has it, then the HTTP handshake
-    /// (HTTP/1.1 for REST, HTTP/2 for gRPC), timed together.
+    /// (HTTP/1.1 for REST, HTTP/2 for gRPC, unless [`Connector::over_http2`] chose), timed
+    /// together.
     pub async fn open(&self) -> Result<Opened, Failure> {
         let start = Instant::now();
         let tcp = TcpStream::connect(self.addr).await.map_err(|e| {
@@ -274,29 +362,26 @@ impl Connector {
         IO: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
     {
         let proto_err = |e: hyper::Error| Failure::new(FailureKind::Protocol, e);
-        match self.protocol {
-            Protocol::Rest => {
-                let (sender, conn) = http1::handshake(io).await.map_err(proto_err)?;
-                let driver = Some(tokio::spawn(async move {
-                    let _ = conn.await;
-                }));
-                Ok(Conn::H1 { sender, driver })
-            }
-            Protocol::Grpc => {
-                let (sender, conn) = http2::Builder::new(TokioExecutor::new())
-                    // Upserts are ~400 KB of protobuf: large windows keep one request from
-                    // waiting on WINDOW_UPDATE round trips.
-                    .initial_stream_window_size(4 << 20)
-                    .initial_connection_window_size(8 << 20)
-                    .max_frame_size(1 << 20)
-                    .handshake(io)
-                    .await
-                    .map_err(proto_err)?;
-                let driver = Some(tokio::spawn(async move {
-                    let _ = conn.await;
-                }));
-                Ok(Conn::H2 { sender, driver })
-            }
+        if !self.http2 {
+            let (sender, conn) = http1::handshake(io).await.map_err(proto_err)?;
+            let driver = Some(tokio::spawn(async move {
+                let _ = conn.await;
+            }));
+            Ok(Conn::H1 { sender, driver })
+        } else {
+            let (sender, conn) = http2::Builder::new(TokioExecutor::new())
+                // Upserts are ~400 KB of protobuf: large windows keep one request from
+                // waiting on WINDOW_UPDATE round trips.
+                .initial_stream_window_size(4 << 20)
+                .initial_connection_window_size(8 << 20)
+                .max_frame_size(1 << 20)
+                .handshake(io)
+                .await
+                .map_err(proto_err)?;
+            let driver = Some(tokio::spawn(async move {
+                let _ = conn.await;
+            }));
+            Ok(Conn::H2 { sender, driver })
         }
     }
 }
@@ -345,9 +430,12 @@ impl Conn {
         }
     }
 
-    /// Sends one request and reads the whole answer; Ok only for HTTP 200 and, for gRPC,
-    /// grpc-status 0.
-    pub async fn send(&mut self, req: ::http::Request<Full<Bytes>>) -> Result<(), Failure> {
+    /// Sends one request and reads the whole answer; Ok only when `answer` acknowledges it.
+    pub async fn send(
+        &mut self,
+        req: ::http::Request<Full<Bytes>>,
+        answer: Answer,
+    ) -> Result<(), Failure> {
         let proto_err = |e: hyper::Error| {
             if e.is_timeout() {
                 Failure::new(FailureKind::Timeout, e)
@@ -355,65 +443,34 @@ impl Conn {
                 Failure::new(FailureKind::Protocol, e)
             }
         };
-        match self {
+        let resp = match self {
             Conn::H1 { sender, .. } => {
                 sender.ready().await.map_err(proto_err)?;
-                let resp = sender.send_request(req).await.map_err(proto_err)?;
-                let status = resp.status();
-                let body = resp
-                    .into_body()
-                    .collect()
-                    .await
-                    .map_err(proto_err)?
-                    .to_bytes();
-                if status != ::http::StatusCode::OK {
-                    return Err(Failure::new(
-                        FailureKind::HttpStatus(status.as_u16()),
-                        format!(
-                            "HTTP {status}: {}",
-                            String::from_utf8_lossy(&body[..body.len().min(300)])
-                        ),
-                    ));
-                }
-                // Qdrant answers {"result":…,"status":"ok","time":…}; a 200 without it is not
-                // an acknowledged write (a misrouted request, a different server).
-                if !contains(&body, br#""status":"ok""#) {
-                    return Err(Failure::new(
-                        FailureKind::Protocol,
-                        format!(
-                            "HTTP 200 without a Qdrant \"status\":\"ok\" answer: {}",
-                            String::from_utf8_lossy(&body[..body.len().min(300)])
-                        ),
-                    ));
-                }
-                Ok(())
+                sender.send_request(req).await.map_err(proto_err)?
             }
             Conn::H2 { sender, .. } => {
                 sender.ready().await.map_err(proto_err)?;
-                let resp = sender.send_request(req).await.map_err(proto_err)?;
-                let (parts, body) = resp.into_parts();
-                if parts.status != ::http::StatusCode::OK {
-                    return Err(Failure::new(
-                        FailureKind::HttpStatus(parts.status.as_u16()),
-                        format!("HTTP {} on a gRPC call", parts.status),
-                    ));
-                }
-                let is_grpc = parts
-                    .headers
-                    .get(::http::header::CONTENT_TYPE)
-                    .and_then(|v| v.to_str().ok())
-                    .is_some_and(|v| v.starts_with("application/grpc"));
-                if !is_grpc {
-                    return Err(Failure::new(
-                        FailureKind::Protocol,
-                        "HTTP 200 but not a gRPC answer",
-                    ));
-                }
-                // A trailers-only answer carries grpc-status in the headers.
-                let collected = body.collect().await.map_err(proto_err)?;
-                let trailers = collected.trailers().cloned();
-                let status_src = trailers.as_ref().unwrap_or(&parts.headers);
-                grpc_outcome(status_src)
+                sender.send_request(req).await.map_err(proto_err)?
+            }
+        };
+        let (parts, body) = resp.into_parts();
+        let collected = body.collect().await.map_err(proto_err)?;
+        answer.check(&parts, collected)
+    }
+
+    /// Ends the connection as a client that is done with it does (HTTP/1.1 closes once
+    /// idle, HTTP/2 sends GOAWAY, TLS sends close_notify) and waits, at most `limit`, until
+    /// it has: the close then happens now, in the caller's time, not whenever the handle
+    /// would have been dropped. A connection that does not end in time is aborted.
+    pub async fn close(mut self, limit: Duration) {
+        let driver = match &mut self {
+            Conn::H1 { driver, .. } | Conn::H2 { driver, .. } => driver.take(),
+        };
+        // Dropping the sender is what tells hyper the client is done.
+        drop(self);
+        if let Some(mut driver) = driver {
+            if tokio::time::timeout(limit, &mut driver).await.is_err() {
+                driver.abort();
             }
         }
     }

@@ -13,7 +13,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::client::{Conn, Connector, FailureKind};
-use crate::workload::Workload;
+use crate::workload::RequestSource;
 
 /// When a connection is replaced.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -116,7 +116,7 @@ pub struct Outcome {
 }
 
 struct Shared {
-    workload: Arc<Workload>,
+    workload: Arc<dyn RequestSource>,
     connector: Arc<Connector>,
     config: DriverConfig,
     start: Instant,
@@ -157,7 +157,7 @@ fn histogram() -> Histogram<u64> {
 
 /// Runs the workload until the duration, the request count or `stop` ends it.
 pub async fn run(
-    workload: Arc<Workload>,
+    workload: Arc<dyn RequestSource>,
     connector: Arc<Connector>,
     config: DriverConfig,
     stop: CancellationToken,
@@ -311,7 +311,8 @@ async fn worker(
     let mut lag = matches!(shared.config.mode, Mode::Open(_)).then(histogram);
     let mut conn: Option<Conn> = None;
     let mut used_on_conn = 0u64;
-    let points = shared.workload.spec().points_per_request as u64;
+    let points = shared.workload.points_per_request();
+    let answer = shared.workload.answer();
 
     while let Some((seq, due)) = next_request(&shared) {
         if matches!(shared.config.mode, Mode::Open(_)) {
@@ -337,7 +338,7 @@ async fn worker(
         let attempt = async {
             if !shared.h2_slots.is_empty() {
                 let (mut stream, handshake) = shared_stream(&shared, id).await?;
-                return stream.send(request).await.map(|()| handshake);
+                return stream.send(request, answer).await.map(|()| handshake);
             }
             let mut handshake_taken = None;
             if conn.is_none() {
@@ -348,7 +349,7 @@ async fn worker(
             }
             used_on_conn += 1;
             let c = conn.as_mut().expect("a connection was just ensured");
-            c.send(request).await.map(|()| handshake_taken)
+            c.send(request, answer).await.map(|()| handshake_taken)
         };
         let result = tokio::time::timeout(shared.config.request_timeout, attempt).await;
         let done = Instant::now();
@@ -387,6 +388,15 @@ async fn worker(
                 } else {
                     tally.warmup_ok += 1;
                     shared.live_ok.fetch_add(1, Ordering::Relaxed);
+                }
+                // A connection per request is closed as a client closes it, and the close
+                // is awaited: its cost (TLS close_notify, FIN, the server's teardown) falls
+                // in this run, not whenever the next request replaces the handle. Latency
+                // was taken before it.
+                if shared.config.policy == ConnectionPolicy::New {
+                    if let Some(c) = conn.take() {
+                        c.close(shared.config.request_timeout).await;
+                    }
                 }
             }
             Err(failure) => {

@@ -120,6 +120,40 @@ pub fn process_cpu_split(proc_root: &Path, pid: u32) -> Result<CpuSplit> {
     })
 }
 
+/// User and system CPU seconds of `root` and all its descendants (nginx's master and
+/// its workers, say), read now.
+pub fn tree_cpu_split(proc_root: &Path, root: u32) -> Result<CpuSplit> {
+    process_tree(proc_root, root)
+        .into_iter()
+        .map(|pid| process_cpu_split(proc_root, pid))
+        .sum()
+}
+
+/// A process tree's CPU over a window of work: opened just before the work, closed just
+/// after it. The bench's per-row CPU figures are such windows, as a run's per-process CPU
+/// is the probes' window over its measured phase.
+pub struct CpuWindow {
+    proc_root: std::path::PathBuf,
+    root: u32,
+    before: CpuSplit,
+}
+
+impl CpuWindow {
+    /// Takes the before reading of `root`'s tree.
+    pub fn open(proc_root: &Path, root: u32) -> Result<Self> {
+        Ok(Self {
+            proc_root: proc_root.to_owned(),
+            root,
+            before: tree_cpu_split(proc_root, root)?,
+        })
+    }
+
+    /// CPU seconds the tree used since [`CpuWindow::open`].
+    pub fn close(self) -> Result<CpuSplit> {
+        Ok(tree_cpu_split(&self.proc_root, self.root)? - self.before)
+    }
+}
+
 /// utime and stime (fields 14 and 15) of a /proc/PID/stat line. The command name may hold
 /// spaces and parentheses, so fields are counted after its last ')'.
 pub fn parse_process_stat(text: &str) -> Result<(u64, u64)> {

@@ -1,5 +1,7 @@
-//! Request bodies for UPSERT_100: Qdrant REST JSON and gRPC protobuf, encoded once before
-//! the clock starts.
+//! What a driver sends: [`RequestSource`], one kind of request and the answer that
+//! acknowledges it, and its main implementation, UPSERT_100 ([`Workload`]): Qdrant REST
+//! JSON and gRPC protobuf bodies, encoded once before the clock starts. A new workload is
+//! one more implementation of [`RequestSource`] (the bench's fixed bodies are another).
 //!
 //! Each body is a template whose point ids sit at known byte offsets in a fixed-width form
 //! (17 decimal digits in JSON, a 9-byte varint in protobuf; every id lies in
@@ -16,8 +18,23 @@ use bytes::Bytes;
 use http::{HeaderValue, Method, Request, Uri};
 use http_body_util::Full;
 
-use crate::client::Protocol;
+use crate::client::{Answer, Protocol};
 use crate::vectors::VectorSet;
+
+/// One kind of request, as the driver sends it: request number `seq`, what it carries, and
+/// what answer acknowledges it. The driver owns pacing, connections, timeouts and
+/// counting; an implementation owns only what goes on the wire.
+pub trait RequestSource: Send + Sync + 'static {
+    /// The request numbered `seq` (warm-up included), ready to send.
+    fn request(&self, seq: u64) -> Request<Full<Bytes>>;
+    /// Its body length in bytes (the MB/s figures add these up).
+    fn body_len(&self, seq: u64) -> usize;
+    /// Points one acknowledged request writes into the collection (0 for a request that
+    /// writes none): what the count check after a run expects to find.
+    fn points_per_request(&self) -> u64;
+    /// What answer acknowledges a request.
+    fn answer(&self) -> Answer;
+}
 
 /// Smallest id we hand out: 2^56, the first value whose varint takes 9 bytes.
 pub const ID_MIN: u64 = 1 << 56;
@@ -198,6 +215,24 @@ impl Workload {
             }
         }
         req
+    }
+}
+
+impl RequestSource for Workload {
+    fn request(&self, seq: u64) -> Request<Full<Bytes>> {
+        Workload::request(self, seq)
+    }
+
+    fn body_len(&self, seq: u64) -> usize {
+        Workload::body_len(self, seq)
+    }
+
+    fn points_per_request(&self) -> u64 {
+        self.spec.points_per_request as u64
+    }
+
+    fn answer(&self) -> Answer {
+        Answer::of(self.spec.protocol)
     }
 }
 

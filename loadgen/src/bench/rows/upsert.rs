@@ -1,0 +1,120 @@
+//! The mission's unit of work: a new TLS connection that carries one UPSERT_100-sized body,
+//! read to its answer, then closed (`Connection: close` over HTTP/1.1; GOAWAY after one call
+//! over h2), per certificate algorithm. The driver awaits each close, so the terminator's
+//! teardown falls inside the window that timed it.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use proxy::crypto::CertAlgorithmName;
+
+use super::{timed_figure, LoopPlan, Measuring, Round, RowSet, PER_UPSERT};
+use crate::bench::table::Table;
+use crate::bench::workloads::{grpc_body, json_body, Bulk, Upload};
+use crate::bench::BenchArgs;
+use crate::driver::ConnectionPolicy;
+
+/// An UPSERT_100 of 1024-d vectors as REST JSON with four decimals (~800 KB) and as gRPC
+/// protobuf (~416 KB).
+const JSON_BODY: usize = 800 * 1024;
+const GRPC_BODY: usize = 416 * 1024;
+
+/// The rows of one algorithm and one kind of upsert.
+struct Keys {
+    alg: CertAlgorithmName,
+    kind: Bulk,
+    /// CPU per upsert.
+    total: String,
+    /// Its system time.
+    kernel: String,
+}
+
+/// The new-connection-per-upsert rows.
+pub struct UpsertOnNewConnection {
+    algorithms: Vec<CertAlgorithmName>,
+    json: Bytes,
+    grpc: Bytes,
+    keys: Vec<Keys>,
+}
+
+impl UpsertOnNewConnection {
+    /// For `--algorithms`.
+    pub fn new(args: &BenchArgs) -> Self {
+        Self {
+            algorithms: args.algorithms.clone(),
+            json: json_body(JSON_BODY),
+            grpc: grpc_body(GRPC_BODY),
+            keys: Vec::new(),
+        }
+    }
+}
+
+impl RowSet for UpsertOnNewConnection {
+    fn declare(&mut self, table: &mut Table) {
+        for alg in &self.algorithms {
+            for (kind, name, short) in [
+                (
+                    Bulk::H1Rest,
+                    "new TLS connection + one 800 KB JSON upsert, HTTP/1.1",
+                    "JSON",
+                ),
+                (
+                    Bulk::Grpc,
+                    "new TLS connection + one 416 KB gRPC upsert, h2",
+                    "gRPC",
+                ),
+            ] {
+                self.keys.push(Keys {
+                    alg: *alg,
+                    kind,
+                    total: table.declare(format!("{name}, {}", alg.as_str()), "ms CPU"),
+                    kernel: table.declare(
+                        format!("  of which in the kernel, {short} {}", alg.as_str()),
+                        "ms CPU",
+                    ),
+                });
+            }
+        }
+    }
+
+    fn measure<'a>(&'a self, round: &'a Round<'a>, table: &'a mut Table) -> Measuring<'a, ()> {
+        Box::pin(async move {
+            for k in &self.keys {
+                if round.bench.stop.is_cancelled() {
+                    return;
+                }
+                let addr = round.t.addrs[&k.alg];
+                let body = if k.kind == Bulk::Grpc {
+                    &self.grpc
+                } else {
+                    &self.json
+                };
+                let plan = LoopPlan {
+                    addr,
+                    kind: k.kind,
+                    policy: ConnectionPolicy::New,
+                    concurrency: round.bench.args.concurrency,
+                };
+                let what = format!("{:?} upsert, new connection, {}", k.kind, k.alg.as_str());
+                let figure = timed_figure(
+                    round,
+                    table,
+                    (&k.total, &k.kernel),
+                    &what,
+                    plan,
+                    |authority| {
+                        Ok(Arc::new(Upload::new(
+                            k.kind,
+                            body.clone(),
+                            authority,
+                            true,
+                        )?))
+                    },
+                    &PER_UPSERT,
+                )
+                .await;
+                table.put(&k.total, round.label, figure);
+            }
+        })
+    }
+}

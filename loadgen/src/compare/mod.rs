@@ -27,7 +27,7 @@ use crate::driver::ConnectionPolicy;
 use crate::result::{Cell, CellFailure, FAILURE_SCHEMA};
 use crate::result::{CellProvider, OnOff, TlsVersion};
 use crate::run::{self, RunArgs};
-use procs::{parse_cpu_list, sibling_binary, Launched};
+use procs::{sibling_binary, CpuList, Launched};
 
 /// How long each cell runs, and how many rounds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, ValueEnum)]
@@ -126,13 +126,13 @@ pub struct CompareArgs {
     pub proxy_worker_threads: Option<usize>,
     /// Pin the proxy to these CPUs, e.g. 0 or 0-3 (sched_setaffinity).
     #[arg(long)]
-    pub proxy_cpus: Option<String>,
+    pub proxy_cpus: Option<CpuList>,
     /// Pin loadgen to these CPUs.
     #[arg(long)]
-    pub loadgen_cpus: Option<String>,
+    pub loadgen_cpus: Option<CpuList>,
     /// Pin the embedded upstream to these CPUs.
     #[arg(long)]
-    pub upstream_cpus: Option<String>,
+    pub upstream_cpus: Option<CpuList>,
     /// Use this upstream instead of starting embedded-qdrant (the gRPC port for
     /// --protocol grpc, the REST port for rest).
     #[arg(long)]
@@ -216,7 +216,7 @@ pub fn cell_path(out: &Path, cell: &Cell) -> PathBuf {
 /// Pins loadgen itself, before any runtime thread exists.
 pub fn pin_loadgen(args: &CompareArgs) -> Result<()> {
     if let Some(list) = &args.loadgen_cpus {
-        procs::pin_current_thread(&parse_cpu_list(list).context("--loadgen-cpus")?)?;
+        procs::pin_current_thread(&list.cpus).context("--loadgen-cpus")?;
     }
     Ok(())
 }
@@ -245,12 +245,8 @@ fn start_upstream(args: &CompareArgs, work: &Path) -> Result<Upstream> {
     let mut cmd = Command::new(bin);
     cmd.args(["--rest", "127.0.0.1:0", "--grpc", "127.0.0.1:0", "--data"])
         .arg(&data);
-    let cpus = args
-        .upstream_cpus
-        .as_deref()
-        .map(parse_cpu_list)
-        .transpose()?;
-    let managed = procs::start(cmd, "embedded-qdrant", work, cpus.as_deref())?;
+    let cpus = args.upstream_cpus.as_ref().map(|l| l.cpus.as_slice());
+    let managed = procs::start(cmd, "embedded-qdrant", work, cpus)?;
     let key = match args.protocol {
         Protocol::Grpc => "grpc",
         Protocol::Rest => "rest",
@@ -618,8 +614,8 @@ async fn run_local_cell(
         }],
     };
     let cmd = settings.command(&bin, work, "proxy", &args.proxy_args)?;
-    let cpus = args.proxy_cpus.as_deref().map(parse_cpu_list).transpose()?;
-    let proxy = tokio::task::block_in_place(|| procs::start(cmd, "proxy", work, cpus.as_deref()))
+    let cpus = args.proxy_cpus.as_ref().map(|l| l.cpus.as_slice());
+    let proxy = tokio::task::block_in_place(|| procs::start(cmd, "proxy", work, cpus))
         .context("the proxy would not start")?;
     let ready = proxy.proxy_ready()?;
     let (Some(listen), Some(admin)) = (ready.first_listener(), ready.admin) else {

@@ -27,6 +27,32 @@ pub fn sibling_binary(name: &str) -> PathBuf {
     PathBuf::from(name)
 }
 
+/// A CPU list such as `0`, `0-3` or `0,2,4-5`, as `--proxy-cpus`, `--loadgen-cpus` and
+/// `--upstream-cpus` take it: parsed when the command line is, so a bad list is refused
+/// before anything starts. Recorded as the command line wrote it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CpuList {
+    /// The CPUs, in the order written.
+    pub cpus: Vec<usize>,
+    written: String,
+}
+
+impl std::str::FromStr for CpuList {
+    type Err = anyhow::Error;
+    fn from_str(s: &str) -> Result<Self> {
+        Ok(Self {
+            cpus: parse_cpu_list(s)?,
+            written: s.to_owned(),
+        })
+    }
+}
+
+impl serde::Serialize for CpuList {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(&self.written)
+    }
+}
+
 /// Parses a CPU list such as `0`, `0-3` or `0,2,4-5`.
 pub fn parse_cpu_list(s: &str) -> Result<Vec<usize>> {
     let mut cpus = Vec::new();
@@ -95,4 +121,19 @@ pub fn stop(mut process: Launched) -> Result<()> {
         tracing::warn!("{} exited with {status}", process.what);
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cpu_lists_parse_when_the_command_line_does_and_record_as_written() {
+        let list: CpuList = "0,2-3".parse().unwrap();
+        assert_eq!(list.cpus, [0, 2, 3]);
+        assert_eq!(serde_json::to_string(&list).unwrap(), r#""0,2-3""#);
+        for bad in ["", "3-1", "x", "0,,y"] {
+            assert!(bad.parse::<CpuList>().is_err(), "{bad:?} accepted");
+        }
+    }
 }

@@ -11,6 +11,7 @@ use prometheus::IntGauge;
 use tokio::net::{TcpListener, TcpSocket, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
+use tokio_rustls::server::TlsStream;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -19,7 +20,7 @@ use crate::http::HttpForwarder;
 use crate::io::{Activity, CountingIo, Quiet, QuietLimits};
 use crate::metrics::ListenerMetrics;
 use crate::switch::SwitchableListener;
-use crate::tls::{self, Offload};
+use crate::tls::{self, ListenerTls, Offload};
 use crate::trust::TrustedProxies;
 use crate::upstream::UpstreamPool;
 
@@ -174,40 +175,11 @@ async fn handle_connection(
 
     // Read once: a switch while this handshake runs does not affect it.
     let current = ctx.tls.current();
-    // Until the ClientHello names a server, failures count against the default certificate.
-    let m = &current.metrics;
     // The handshake's and the forwarding's state machines are boxed, so the task itself
     // (allocated for every connection at accept) holds only what an idle connection needs:
-    // inline, they made it 11 KiB, most of an idle connection's memory.
-    let handshake = tokio::time::timeout_at(
-        deadline,
-        Box::pin(tls::accept(
-            io,
-            |server_name| current.config_for(server_name),
-            &ctx.offload,
-            current.waits_for_signer(),
-        )),
-    )
-    .await;
-    let tls_stream = match handshake {
-        Ok(Ok(s)) => s,
-        Ok(Err(e)) => {
-            m.handshake_failed_because(e.reason());
-            m.connection_error("handshake");
-            crate::peer_warn!(listener = %ctx.tls.labels.name, %peer, error = %e, "TLS handshake failed");
-            return;
-        }
-        Err(_) => {
-            m.handshake_failed_because("timeout");
-            m.connection_error("handshake_timeout");
-            crate::peer_warn!(
-                listener = %ctx.tls.labels.name,
-                %peer,
-                timeout = ?ctx.limits.handshake_timeout,
-                "TLS handshake timed out"
-            );
-            return;
-        }
+    // inline, they made the task 11 KiB, most of an idle connection's memory.
+    let Some(tls_stream) = Box::pin(handshake(&ctx, &current, io, peer, deadline)).await else {
+        return;
     };
     let (version, resumed, h2) = tls::describe(&tls_stream);
     let m = current.metrics_for(tls_stream.get_ref().1.server_name());
@@ -289,6 +261,42 @@ async fn handle_connection(
     }
 }
 
+/// The client's TLS handshake under `deadline` (shared with a PROXY header). The stream
+/// comes out boxed: held inline (1.2 KiB), every place it passes through in the connection
+/// task (this result, the binding, the wait for the first request) would be a slot of its
+/// own, each resident for the connection's life. `None` when the handshake failed or timed
+/// out (counted and logged here).
+async fn handshake(
+    ctx: &ListenerCtx,
+    current: &ListenerTls,
+    io: CountingIo<TcpStream>,
+    peer: SocketAddr,
+    deadline: tokio::time::Instant,
+) -> Option<Box<TlsStream<CountingIo<TcpStream>>>> {
+    let accept = tls::accept(
+        io,
+        |server_name| current.config_for(server_name),
+        &ctx.offload,
+        current.waits_for_signer(),
+    );
+    // Until the ClientHello names a server, failures count against the default certificate.
+    let m = &current.metrics;
+    match tokio::time::timeout_at(deadline, accept).await {
+        Ok(Ok(stream)) => Some(Box::new(stream)),
+        Ok(Err(e)) => {
+            m.handshake_failed_because(e.reason());
+            m.connection_error("handshake");
+            crate::peer_warn!(listener = %ctx.tls.labels.name, %peer, error = %e, "TLS handshake failed");
+            None
+        }
+        Err(_) => {
+            m.handshake_failed_because("timeout");
+            deadline_passed(ctx, m, peer, "TLS handshake");
+            None
+        }
+    }
+}
+
 /// The client a trusted balancer's PROXY header names, read by `deadline`; `None` when the
 /// connection is refused (counted and logged here).
 async fn client_behind_balancer(
@@ -314,16 +322,22 @@ async fn client_behind_balancer(
             None
         }
         Err(_) => {
-            m.connection_error("handshake_timeout");
-            crate::peer_warn!(
-                listener = %ctx.tls.labels.name,
-                %peer,
-                timeout = ?ctx.limits.handshake_timeout,
-                "PROXY protocol header timed out"
-            );
+            deadline_passed(ctx, m, peer, "PROXY protocol header");
             None
         }
     }
+}
+
+/// Counts and logs a connection whose PROXY header or handshake (`what`) did not arrive by
+/// the handshake deadline.
+fn deadline_passed(ctx: &ListenerCtx, m: &ListenerMetrics, peer: SocketAddr, what: &str) {
+    m.connection_error("handshake_timeout");
+    crate::peer_warn!(
+        listener = %ctx.tls.labels.name,
+        %peer,
+        timeout = ?ctx.limits.handshake_timeout,
+        "{what} timed out"
+    );
 }
 
 /// How the wait for an HTTP/1.1 client's first bytes ended.
@@ -338,7 +352,7 @@ enum FirstBytes {
 /// its 8 KiB read buffer as soon as it is polled, which was a third of an idle
 /// connection's memory (nginx too allocates its buffer only when data arrives).
 async fn first_request_bytes(
-    stream: &mut tokio_rustls::server::TlsStream<CountingIo<TcpStream>>,
+    stream: &mut TlsStream<CountingIo<TcpStream>>,
     activity: &Activity,
     limits: &QuietLimits,
     shutdown: &CancellationToken,

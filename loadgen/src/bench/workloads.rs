@@ -4,6 +4,7 @@
 //! terminator listener. The loops, connection policies, timeouts and counting are the
 //! driver's.
 
+use std::fmt::Write as _;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
@@ -222,7 +223,8 @@ pub fn json_body(size: usize) -> Bytes {
     s.push_str("{\"points\":[{\"id\":1,\"vector\":[");
     let mut i = 0u32;
     while s.len() + 16 < size {
-        s.push_str(&format!("0.{:04},", (i * 7919) % 10_000));
+        // Writing into a String cannot fail.
+        let _ = write!(s, "0.{:04},", (i * 7919) % 10_000);
         i += 1;
     }
     s.push_str("0.5]}]}");

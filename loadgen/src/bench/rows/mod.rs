@@ -133,44 +133,8 @@ pub fn registered(args: &BenchArgs) -> Vec<Box<dyn RowSet>> {
     sets
 }
 
-/// One timed loop: the driver sending `source` through `connector`, `concurrency` clients
-/// each with one unit in flight, a connection per unit or kept alive.
-pub struct Loop {
-    /// Where to.
-    pub connector: Arc<Connector>,
-    /// What.
-    pub source: Arc<dyn RequestSource>,
-    /// A connection per unit ([`ConnectionPolicy::New`]) or kept alive.
-    pub policy: ConnectionPolicy,
-    /// Clients at once.
-    pub concurrency: usize,
-}
-
-impl Loop {
-    /// Runs the loop for `duration` (bounded in count too).
-    async fn run(&self, duration: Duration, stop: &CancellationToken) -> driver::Outcome {
-        let config = DriverConfig {
-            mode: Mode::Closed,
-            concurrency: self.concurrency.max(1),
-            policy: self.policy,
-            duration: Some(duration),
-            requests: Some(MAX_UNITS_PER_LOOP),
-            warmup: Duration::ZERO,
-            request_timeout: UNIT_LIMIT,
-            shared_connections: None,
-            progress: false,
-        };
-        driver::run(
-            self.source.clone(),
-            self.connector.clone(),
-            config,
-            stop.clone(),
-        )
-        .await
-    }
-}
-
-/// Where and how a timed row's loop sends.
+/// Where and how a timed row's loop sends: the driver, `concurrency` clients each with one
+/// unit in flight, a connection per unit or kept alive.
 pub struct LoopPlan {
     /// The terminator's listener.
     pub addr: SocketAddr,
@@ -196,13 +160,9 @@ pub async fn timed_figure(
     unit: &Unit,
 ) -> Result<f64> {
     let measured = async {
-        let lp = Loop {
-            connector: workloads::connector(plan.addr, round.bench.clients, plan.kind).await?,
-            source: source(&workloads::authority(plan.addr))?,
-            policy: plan.policy,
-            concurrency: plan.concurrency,
-        };
-        cpu_over_loop(round, &lp).await
+        let connector = workloads::connector(plan.addr, round.bench.clients, plan.kind).await?;
+        let source = source(&workloads::authority(plan.addr))?;
+        cpu_over_loop(round, &connector, &source, &plan).await
     }
     .await;
     cpu_per_unit(table, keys, round.label, what, measured, unit)
@@ -210,11 +170,30 @@ pub async fn timed_figure(
 
 /// The loop's warm-up (`--warmup`), then its measured run (`--duration`) inside a CPU
 /// window on the terminator's process tree.
-pub async fn cpu_over_loop(round: &Round<'_>, lp: &Loop) -> Result<(CpuSplit, driver::Outcome)> {
+async fn cpu_over_loop(
+    round: &Round<'_>,
+    connector: &Arc<Connector>,
+    source: &Arc<dyn RequestSource>,
+    plan: &LoopPlan,
+) -> Result<(CpuSplit, driver::Outcome)> {
     let Bench { args, stop, .. } = round.bench;
-    lp.run(args.warmup, stop).await;
+    let run = |duration| {
+        let config = DriverConfig {
+            mode: Mode::Closed,
+            concurrency: plan.concurrency.max(1),
+            policy: plan.policy,
+            duration: Some(duration),
+            requests: Some(MAX_UNITS_PER_LOOP),
+            warmup: Duration::ZERO,
+            request_timeout: UNIT_LIMIT,
+            shared_connections: None,
+            progress: false,
+        };
+        driver::run(source.clone(), connector.clone(), config, (*stop).clone())
+    };
+    run(args.warmup).await;
     let window = round.t.cpu_window()?;
-    let outcome = lp.run(args.duration, stop).await;
+    let outcome = run(args.duration).await;
     Ok((window.close()?, outcome))
 }
 

@@ -4,7 +4,7 @@
 //!
 //! The timed rows are loops of `loadgen run`'s own driver over a [`RequestSource`] of
 //! `workloads`, with the terminator's CPU read over the loop by a probe window
-//! ([`CpuWindow`](crate::probe::cpu::CpuWindow)); [`cpu_over_loop`] and [`cpu_per_unit`]
+//! ([`CpuWindow`](crate::probe::cpu::CpuWindow)); [`timed_figure`] and [`cpu_per_unit`]
 //! are what they share.
 
 pub mod bulk;

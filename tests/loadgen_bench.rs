@@ -33,6 +33,8 @@ fn bench_measures_every_row_for_the_proxy_and_both_peers() {
             "3",
             "--proxy-bin",
             binary("proxy").to_str().unwrap(),
+            "--upstream-bin",
+            binary("embedded-qdrant").to_str().unwrap(),
             "--out",
             out.to_str().unwrap(),
         ]),
@@ -53,7 +55,8 @@ fn bench_measures_every_row_for_the_proxy_and_both_peers() {
         .iter()
         .map(|c| c.as_str().unwrap())
         .collect();
-    // One worker each, then each at its defaults.
+    // One worker each, then each at its defaults, then the database with its own TLS.
+    const OWN_TLS: &str = "embedded-qdrant own TLS (defaults)";
     assert_eq!(
         columns,
         [
@@ -62,13 +65,18 @@ fn bench_measures_every_row_for_the_proxy_and_both_peers() {
             "haproxy",
             "proxy aws-lc-rs (defaults)",
             "nginx (defaults)",
-            "haproxy (defaults)"
+            "haproxy (defaults)",
+            OWN_TLS,
         ]
     );
-    let rows = json["rows"].as_array().unwrap();
+    let all_rows = json["rows"].as_array().unwrap();
     // 4 handshake rows, 2 new-connection upserts and 3 bulk with their kernel shares, 2 x 2
-    // idle per client (rustls, OpenSSL), first response, 2 latency.
-    assert_eq!(rows.len(), 25, "{rows:#?}");
+    // idle per client (rustls, OpenSSL), first response, 2 latency; then 2 x 3 rows of
+    // upserts into embedded-qdrant (JSON and gRPC: the total, the terminator's part, the
+    // rate).
+    assert_eq!(all_rows.len(), 31, "{all_rows:#?}");
+    let (rows, into_database) = all_rows.split_at(25);
+    in_process_rows_compare_the_database_own_tls(into_database, &columns);
     let names: Vec<&str> = rows.iter().map(|r| r["name"].as_str().unwrap()).collect();
     for name in [
         "new TLS connection + one 800 KB JSON upsert, HTTP/1.1, ecdsa-p256",
@@ -78,9 +86,15 @@ fn bench_measures_every_row_for_the_proxy_and_both_peers() {
     ] {
         assert!(names.contains(&name), "{name} missing: {names:#?}");
     }
+    let columns = &columns[..columns.len() - 1];
     for row in rows {
         let name = row["name"].as_str().unwrap();
-        for column in &columns {
+        assert!(
+            row["figures"][OWN_TLS].is_null(),
+            "{name}: {}",
+            row["figures"]
+        );
+        for column in columns {
             let figure = &row["figures"][column];
             let rustls_only = name.contains("in-memory");
             if rustls_only && !column.starts_with("proxy aws-lc-rs") {
@@ -114,7 +128,7 @@ fn bench_measures_every_row_for_the_proxy_and_both_peers() {
             !whole["name"].as_str().unwrap().starts_with("  "),
             "{name} follows its row"
         );
-        for column in &columns {
+        for column in columns {
             let kernel = row["figures"][column].as_f64().unwrap();
             let total = whole["figures"][column].as_f64().unwrap();
             assert!(kernel < total, "{name} / {column}: {kernel} of {total}");
@@ -168,4 +182,58 @@ fn bench_measures_every_row_for_the_proxy_and_both_peers() {
         .expect("P-256 row");
     // Ours and HAProxy carry a ratio to nginx, in both set-ups; nginx's own cells do not.
     assert_eq!(p256.matches("x) |").count(), 4, "{p256}");
+}
+
+/// The rows into a real database: each terminator at its defaults in front of
+/// embedded-qdrant in plaintext, and embedded-qdrant terminating TLS itself. Every upsert
+/// was acknowledged by the database (the driver checks Qdrant's answer), the terminator's
+/// part is below the total with the database's CPU, and the one-worker columns have none.
+fn in_process_rows_compare_the_database_own_tls(rows: &[serde_json::Value], columns: &[&str]) {
+    let own_tls = columns.last().unwrap();
+    for (i, protocol) in ["JSON over HTTP/1.1", "gRPC"].into_iter().enumerate() {
+        let [total, terminator, rate] = &rows[3 * i..3 * i + 3] else {
+            unreachable!()
+        };
+        assert_eq!(
+            total["name"],
+            format!(
+                "new TLS connection + UPSERT_100 into embedded-qdrant, {protocol}, ecdsa-p256: \
+                 terminator + database"
+            )
+        );
+        assert_eq!(
+            terminator["name"],
+            format!("  of which the terminator, {protocol} ecdsa-p256")
+        );
+        assert_eq!(rate["name"], format!("  upserts/s, {protocol} ecdsa-p256"));
+        for column in columns {
+            let figure = |row: &serde_json::Value| row["figures"][column].as_f64();
+            if !column.ends_with("(defaults)") {
+                for row in [total, terminator, rate] {
+                    assert!(row["figures"][column].is_null(), "{column}: {row}");
+                }
+                continue;
+            }
+            let all = figure(total).unwrap_or_else(|| panic!("{column}: {total}"));
+            assert!(figure(rate).unwrap() > 0.0, "{column}: {rate}");
+            assert!(
+                total["work"][column]
+                    .as_str()
+                    .unwrap()
+                    .contains("upserts on as many connections"),
+                "{column}: {total}"
+            );
+            if column == own_tls {
+                assert_eq!(
+                    terminator["figures"][column]["reason"], "TLS terminated inside the database",
+                    "{terminator}"
+                );
+                // Compared with nginx in front of the same database.
+                assert!(total["ratios_to_nginx"][column].as_f64().unwrap() > 0.0);
+            } else {
+                let part = figure(terminator).unwrap_or_else(|| panic!("{column}: {terminator}"));
+                assert!(0.0 < part && part < all, "{column}: {part} of {all}");
+            }
+        }
+    }
 }

@@ -33,7 +33,7 @@ use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
 use crate::compare::procs::sibling_binary;
-use rows::{Bench, Round, When};
+use rows::{Bench, ColumnStarter, Round, When};
 use sink::SinkMode;
 use table::{Figure, Row, Table};
 use terminators::{Certs, Peer, Setup, Terminator};
@@ -60,6 +60,11 @@ pub enum Part {
     FirstResponse,
     /// Mean time of one 800 KB h2 request at concurrency 1, against the direct path.
     Latency,
+    /// A new TLS connection carrying one UPSERT_100 into a real database (embedded-qdrant):
+    /// each terminator at its defaults in front of it in plaintext, beside the database
+    /// terminating TLS itself (rustls with ring, as Qdrant's `service.enable_tls`); CPU of
+    /// terminator and database together per upsert, and upserts/s.
+    InProcess,
 }
 
 /// A TLS client of the idle rows.
@@ -107,7 +112,7 @@ pub struct BenchArgs {
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "handshake,upsert,bulk,idle,first-response,latency"
+        default_value = "handshake,upsert,bulk,idle,first-response,latency,in-process"
     )]
     pub parts: Vec<Part>,
     /// The set-ups every terminator runs in, each a set of columns compared with nginx in
@@ -146,6 +151,10 @@ pub struct BenchArgs {
     /// The proxy binary (default: next to this loadgen).
     #[arg(long)]
     pub proxy_bin: Option<PathBuf>,
+    /// The database of the in-process rows (default: embedded-qdrant next to this
+    /// loadgen).
+    #[arg(long)]
+    pub upstream_bin: Option<PathBuf>,
     /// The proxy's worker threads in the one-worker set-up. One by default, as the peers
     /// run there (nginx `worker_processes 1`, HAProxy `nbthread 1`), so every column is one
     /// worker's cost per unit of work; 0 is the proxy's own default, one per CPU.
@@ -255,9 +264,10 @@ pub async fn execute(args: &BenchArgs, stop: CancellationToken) -> Result<BenchR
     };
 
     let specs = column_specs(args, &peers);
-    let columns: Vec<String> = specs.iter().map(|c| c.label.clone()).collect();
     let mut table = Table::default();
     let mut sets = rows::registered(args);
+    let mut columns: Vec<String> = specs.iter().map(|c| c.label.clone()).collect();
+    columns.extend(sets.iter().flat_map(|s| s.own_columns()));
     // Each set's rows, to mark them when its own terminator does not start.
     let mut rows_of_set = Vec::with_capacity(sets.len());
     for set in &mut sets {
@@ -279,7 +289,11 @@ pub async fn execute(args: &BenchArgs, stop: CancellationToken) -> Result<BenchR
     // Every terminator is started first and measured in interleaved rounds (each once per
     // round), so drift on a shared machine hits every column alike; an idle terminator
     // costs nothing meanwhile.
-    let mut started = start_columns(&ctx, &specs, &mut table);
+    let mut started = if sets.iter().any(|s| s.when() == When::EveryRound) {
+        start_columns(&ctx, &specs, &mut table)
+    } else {
+        Vec::new()
+    };
     for round in 1..=args.repeat.max(1) {
         if args.repeat > 1 {
             eprintln!("round {round} of {}", args.repeat);
@@ -326,6 +340,25 @@ pub async fn execute(args: &BenchArgs, stop: CancellationToken) -> Result<BenchR
                 break;
             }
             measure_afresh(&ctx, &bench, spec, set.as_ref(), set_rows, &mut table).await;
+        }
+    }
+    let starters: Vec<ColumnStarter> = specs
+        .iter()
+        .filter(|s| !failed_to_start.contains(&s.label))
+        .map(|spec| ColumnStarter {
+            label: &spec.label,
+            setup: spec.setup,
+            start: Box::new(|upstreams: &[std::net::SocketAddr]| {
+                spec.start(&StartContext {
+                    sinks: upstreams,
+                    ..ctx
+                })
+            }),
+        })
+        .collect();
+    for set in sets.iter().filter(|s| s.when() == When::OnItsOwn) {
+        if !stop.is_cancelled() {
+            set.measure_on_its_own(&bench, &starters, &mut table).await;
         }
     }
     sink_stop.cancel();
@@ -487,10 +520,16 @@ fn settings_record(args: &BenchArgs) -> serde_json::Value {
         "workers": "one-worker: proxy worker_threads as given, nginx worker_processes 1, HAProxy nbthread 1; \
                     defaults: proxy a worker per CPU, nginx worker_processes auto, HAProxy its default threads",
         "cpu": "user+system of the terminator's process tree from /proc",
+        "in_process": args.parts.contains(&Part::InProcess).then_some(
+            "defaults set-up only: each terminator at its defaults in front of embedded-qdrant in \
+             plaintext, and embedded-qdrant terminating TLS itself (rustls with ring); CPU of terminator \
+             and database together per upsert; UPSERT_100 of 1024-d vectors, wait=true, a new connection \
+             each, ids recurring every 64 upserts"),
     })
 }
 
 /// What starting any column needs.
+#[derive(Clone, Copy)]
 struct StartContext<'a> {
     args: &'a BenchArgs,
     proxy_bin: &'a std::path::Path,
@@ -576,6 +615,9 @@ pub fn render(result: &BenchResult) -> String {
             "the sink read every request body whole before it answered, as Qdrant does".to_owned(),
         ),
         None => {}
+    }
+    if let Some(in_process) = result.settings["in_process"].as_str() {
+        notes.push(format!("the rows into embedded-qdrant: {in_process}"));
     }
     if rounds > 1 {
         notes.push(format!(

@@ -3,7 +3,8 @@
 //! one listener per certificate algorithm), nginx and HAProxy (Debian's packages, one
 //! frontend per algorithm), each in one of two set-ups ([`Setup`]): one worker, or its own
 //! default worker count. Each one's CPU and memory are read from /proc over its whole
-//! process tree (nginx's master and workers alike).
+//! process tree (nginx's master and workers alike). Also the database of the in-process TLS
+//! rows ([`Database`]): embedded-qdrant, in plaintext behind them or terminating TLS itself.
 
 use std::collections::BTreeMap;
 use std::net::{SocketAddr, TcpListener};
@@ -154,10 +155,12 @@ pub struct Certs {
 }
 
 impl Certs {
-    fn cert(&self, alg: CertAlgorithmName) -> PathBuf {
+    /// `ALG.crt`: the certificate of `alg`.
+    pub fn cert(&self, alg: CertAlgorithmName) -> PathBuf {
         self.dir.join(format!("{}.crt", alg.as_str()))
     }
-    fn key(&self, alg: CertAlgorithmName) -> PathBuf {
+    /// `ALG.key`: its key.
+    pub fn key(&self, alg: CertAlgorithmName) -> PathBuf {
         self.dir.join(format!("{}.key", alg.as_str()))
     }
 }
@@ -508,4 +511,87 @@ fn haproxy_config(
         conns = haproxy_max_connections(),
         nofile = nofile_hard_limit(),
     )
+}
+
+/// embedded-qdrant (Qdrant's own engine) as a database behind the terminators, or
+/// terminating TLS itself as Qdrant does with `service.enable_tls` (rustls with ring, in
+/// process): the upstream of the in-process TLS rows. Its data folder is its own, removed
+/// when it stops.
+pub struct Database {
+    launched: Launched,
+    /// Its REST port (HTTP/1.1 and h2).
+    pub rest: SocketAddr,
+    /// Its gRPC port (h2).
+    pub grpc: SocketAddr,
+    data: PathBuf,
+}
+
+impl Database {
+    /// Starts `binary` on loopback ports with a fresh data folder under `work`, in
+    /// plaintext or, given a certificate and key, serving both ports over TLS. `name` names
+    /// its log and folder.
+    pub fn start(
+        binary: &Path,
+        work: &Path,
+        name: &str,
+        tls: Option<(&Path, &Path)>,
+    ) -> Result<Self> {
+        let data = work.join(format!("{name}-data"));
+        let _ = std::fs::remove_dir_all(&data);
+        let mut cmd = Command::new(binary);
+        cmd.args([
+            "--rest",
+            "127.0.0.1:0",
+            "--grpc",
+            "127.0.0.1:0",
+            "--log-level",
+            "warn",
+            "--data",
+        ])
+        .arg(&data);
+        if let Some((cert, key)) = tls {
+            cmd.arg("--tls-cert").arg(cert).arg("--tls-key").arg(key);
+        }
+        let launched = procs::start(cmd, name, work, None)
+            .with_context(|| format!("starting {} (--upstream-bin)", binary.display()))?;
+        let port = |key: &str| -> Result<SocketAddr> {
+            launched.ready[key]
+                .as_str()
+                .and_then(|a| a.parse().ok())
+                .ok_or_else(|| anyhow!("{name}: no {key} address in its ready file"))
+        };
+        Ok(Self {
+            rest: port("rest")?,
+            grpc: port("grpc")?,
+            launched,
+            data,
+        })
+    }
+
+    /// Its process id.
+    pub fn pid(&self) -> u32 {
+        self.launched.pid()
+    }
+
+    /// A CPU window on it, opened now.
+    pub fn cpu_window(&self) -> Result<cpu::CpuWindow> {
+        cpu::CpuWindow::open(Path::new("/proc"), self.pid())
+            .with_context(|| self.launched.what.clone())
+    }
+
+    /// Still running?
+    pub fn alive(&mut self) -> bool {
+        matches!(self.launched.child.try_wait(), Ok(None))
+    }
+
+    /// The last lines of its log.
+    pub fn log_tail(&self) -> String {
+        log_tail(&self.launched.log)
+    }
+
+    /// Stops it and removes its data.
+    pub fn stop(self) {
+        let _ = procs::stop(self.launched);
+        let _ = std::fs::remove_dir_all(&self.data);
+    }
 }

@@ -14,7 +14,7 @@ use http::{HeaderValue, Method, Request, Uri};
 use http_body_util::Full;
 
 use crate::client::{Answer, Connector, Protocol, Target};
-use crate::workload::RequestSource;
+use crate::workload::{RequestSource, Workload};
 
 /// The server name every terminator's certificate carries.
 pub const SERVER_NAME: &str = "localhost";
@@ -240,4 +240,83 @@ pub fn grpc_body(size: usize) -> Bytes {
 /// `localhost:PORT`: the authority of every bench request to `addr`.
 pub fn authority(addr: SocketAddr) -> String {
     format!("{SERVER_NAME}:{}", addr.port())
+}
+
+/// UPSERT_100 whose point ids recur every `slots` requests: a bench loop of minutes then
+/// writes over the same points, as an upsert of an existing point does in Qdrant (the old
+/// version deleted, the new one written), rather than growing the database by a few
+/// hundred MB a minute.
+pub struct RecurringUpserts {
+    upserts: Workload,
+    slots: u64,
+}
+
+impl RecurringUpserts {
+    /// `upserts`, its ids recurring after `slots` requests (a multiple of its template
+    /// variants keeps each request's vectors as they were).
+    pub fn new(upserts: Workload, slots: u64) -> Self {
+        Self {
+            upserts,
+            slots: slots.max(1),
+        }
+    }
+}
+
+impl RequestSource for RecurringUpserts {
+    fn request(&self, seq: u64) -> Request<Full<Bytes>> {
+        self.upserts.request(seq % self.slots)
+    }
+
+    fn body_len(&self, seq: u64) -> usize {
+        self.upserts.body_len(seq % self.slots)
+    }
+
+    fn points_per_request(&self) -> u64 {
+        RequestSource::points_per_request(&self.upserts)
+    }
+
+    fn answer(&self) -> Answer {
+        RequestSource::answer(&self.upserts)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::client::Protocol;
+    use crate::workload::{UpsertSpec, ID_MIN};
+    use http_body_util::BodyExt;
+
+    #[tokio::test]
+    async fn recurring_upserts_write_over_the_same_points_after_their_slots() {
+        let vectors = crate::vectors::synthetic(16, 8, 1);
+        let spec = UpsertSpec {
+            protocol: Protocol::Rest,
+            collection: "c".into(),
+            points_per_request: 2,
+            wait: true,
+            json_decimals: 4,
+        };
+        let upserts = Workload::build(spec, &vectors, ID_MIN, "https", "h:1").unwrap();
+        let source = RecurringUpserts::new(upserts, 8);
+        let source = &source;
+        let body = |seq| async move {
+            let req = source.request(seq);
+            req.into_body().collect().await.unwrap().to_bytes()
+        };
+        let ids = |b: Bytes| -> Vec<u64> {
+            let v: serde_json::Value = serde_json::from_slice(&b).unwrap();
+            v["points"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|p| p["id"].as_u64().unwrap())
+                .collect()
+        };
+        assert_eq!(ids(body(0).await), [ID_MIN, ID_MIN + 1]);
+        assert_eq!(ids(body(7).await), [ID_MIN + 14, ID_MIN + 15]);
+        // Request 8 is request 0 again: the same points, the same vectors.
+        assert_eq!(body(8).await, body(0).await);
+        assert_eq!(source.body_len(9), source.body_len(1));
+    }
 }

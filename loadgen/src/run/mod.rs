@@ -31,7 +31,7 @@ use crate::driver::{self, DriverConfig, Mode};
 use crate::probe::{self, PowerSource, ProbeConfig, Watched};
 use crate::result::*;
 use crate::vectors::{self, EmbeddingsClient, LiveEmbedder, VectorSet};
-use crate::workload::{id_base_for_run, UpsertSpec, Workload};
+use crate::workload::{id_base_for_run, UpsertSpec, Workload, TEMPLATE_VARIANTS};
 
 /// A run, decided before anything is changed: every flag checked (`RunArgs::check`) and
 /// turned into what the run uses, typed (the target, protocol, client TLS configuration,
@@ -145,7 +145,7 @@ struct Prepared {
 /// bodies, the control connection (which also proves the target speaks TLS), the
 /// collection (recreated if asked) and its count before the run.
 async fn prepare(args: &RunArgs, plan: &RunPlan) -> Result<Prepared> {
-    let vectors = prepare_vectors(args, 8 * args.points_per_request).await?;
+    let vectors = prepare_vectors(args, TEMPLATE_VARIANTS * args.points_per_request).await?;
     let mut connector = Connector::new(
         plan.target.clone(),
         plan.protocol,

@@ -44,7 +44,7 @@ pub const ID_END: u64 = 100_000_000_000_000_000;
 /// How many different vector selections the templates cycle through, so consecutive
 /// requests do not carry identical vectors (a compressing or deduplicating hop would
 /// otherwise flatter the numbers).
-const TEMPLATE_VARIANTS: usize = 8;
+pub const TEMPLATE_VARIANTS: usize = 8;
 
 /// The workload's shape.
 #[derive(Clone, Debug)]

@@ -11,6 +11,7 @@ pub mod bulk;
 pub mod first_response;
 pub mod handshake;
 pub mod idle;
+pub mod in_process;
 pub mod latency;
 pub mod upsert;
 
@@ -24,7 +25,7 @@ use anyhow::Result;
 use tokio_util::sync::CancellationToken;
 
 use super::table::Table;
-use super::terminators::{Certs, Terminator};
+use super::terminators::{Certs, Setup, Terminator};
 use super::workloads::{self, Bulk, Clients};
 use super::{BenchArgs, Part};
 use crate::client::Connector;
@@ -85,7 +86,25 @@ pub enum When {
     /// process freed stays resident and is reused, so one that served other rows would
     /// show less than its connections cost.
     Afresh,
+    /// After the rounds, by the set itself ([`RowSet::measure_on_its_own`]): it starts the
+    /// columns' terminators in front of upstreams of its own (a real database rather than
+    /// the sink), and may add columns of its own.
+    OnItsOwn,
 }
+
+/// A column a [`When::OnItsOwn`] set starts itself: its label, its set-up, and how to
+/// start its terminator afresh in front of the given upstreams.
+pub struct ColumnStarter<'a> {
+    /// The column's label.
+    pub label: &'a str,
+    /// Its set-up.
+    pub setup: Setup,
+    /// Starts its terminator in front of these upstreams (blocking, as every start is).
+    pub start: Box<StartInFrontOf<'a>>,
+}
+
+/// Starts a column's terminator in front of the given upstreams.
+pub type StartInFrontOf<'a> = dyn Fn(&[SocketAddr]) -> Result<Terminator> + 'a;
 
 /// A kind of work the bench measures: its rows, and how one terminator's figures for them
 /// are measured.
@@ -103,8 +122,26 @@ pub trait RowSet {
         When::EveryRound
     }
 
-    /// Measures one terminator and puts its figures (or why there are none) in the table.
+    /// Measures one terminator and puts its figures (or why there are none) in the table
+    /// (every set but a [`When::OnItsOwn`] one).
     fn measure<'a>(&'a self, round: &'a Round<'a>, table: &'a mut Table) -> Measuring<'a, ()>;
+
+    /// Columns of its own beside the terminators' (a database terminating TLS itself, say),
+    /// each label ending in its set-up's suffix.
+    fn own_columns(&self) -> Vec<String> {
+        Vec::new()
+    }
+
+    /// A [`When::OnItsOwn`] set's whole measurement: every round, every column it measures
+    /// (started with `columns`), its own columns too.
+    fn measure_on_its_own<'a>(
+        &'a self,
+        _bench: &'a Bench<'a>,
+        _columns: &'a [ColumnStarter<'a>],
+        _table: &'a mut Table,
+    ) -> Measuring<'a, ()> {
+        Box::pin(async {})
+    }
 }
 
 /// The row sets `args` asks for, in table order (the order of [`Part`]).
@@ -128,6 +165,7 @@ pub fn registered(args: &BenchArgs) -> Vec<Box<dyn RowSet>> {
             }
             Part::FirstResponse => sets.push(Box::new(first_response::FirstResponse::default())),
             Part::Latency => sets.push(Box::new(latency::Latency::new())),
+            Part::InProcess => sets.push(Box::new(in_process::InProcessTls::new(args))),
         }
     }
     sets
@@ -178,23 +216,34 @@ async fn cpu_over_loop(
 ) -> Result<(CpuSplit, driver::Outcome)> {
     let Bench { args, stop, .. } = round.bench;
     let run = |duration| {
-        let config = DriverConfig {
-            mode: Mode::Closed,
-            concurrency: plan.concurrency.max(1),
-            policy: plan.policy,
-            duration: Some(duration),
-            requests: Some(MAX_UNITS_PER_LOOP),
-            warmup: Duration::ZERO,
-            request_timeout: UNIT_LIMIT,
-            shared_connections: None,
-            progress: false,
-        };
+        let config = loop_config(plan.policy, plan.concurrency, duration);
         driver::run(source.clone(), connector.clone(), config, (*stop).clone())
     };
     run(args.warmup).await;
     let window = round.t.cpu_window()?;
     let outcome = run(args.duration).await;
     Ok((window.close()?, outcome))
+}
+
+/// The driver's configuration of one bench loop: closed, `concurrency` clients each with
+/// one unit in flight, for `duration` (and at most a million units); a warm-up is a loop
+/// of its own.
+pub fn loop_config(
+    policy: ConnectionPolicy,
+    concurrency: usize,
+    duration: Duration,
+) -> DriverConfig {
+    DriverConfig {
+        mode: Mode::Closed,
+        concurrency: concurrency.max(1),
+        policy,
+        duration: Some(duration),
+        requests: Some(MAX_UNITS_PER_LOOP),
+        warmup: Duration::ZERO,
+        request_timeout: UNIT_LIMIT,
+        shared_connections: None,
+        progress: false,
+    }
 }
 
 /// How a timed row turns CPU-seconds and the work done into its figure.

@@ -1,7 +1,7 @@
-//! The client socket wrapper and the per-connection state the deadlines read: bytes counted
-//! for the metrics, requests in flight, when anything last made progress, and how many
-//! streams the client cancelled. Idle connections are found from these without a timer per
-//! read.
+//! The client socket wrapper ([`CountingIo`]: bytes counted, and read ahead of rustls's
+//! record-sized reads) and the per-connection state the deadlines read: bytes counted for
+//! the metrics, requests in flight, when anything last made progress, and how many streams
+//! the client cancelled. Idle connections are found from these without a timer per read.
 
 use std::io;
 use std::pin::Pin;
@@ -222,13 +222,55 @@ impl Drop for RequestGuard {
     }
 }
 
-/// An I/O object that adds every byte read and written to two counters.
+/// An I/O object that adds every byte read and written to two counters, and reads ahead.
+///
+/// rustls reads at most one TLS record (~16 KiB) per call into its own buffer, so a 416 KB
+/// gRPC upsert took ~30 `recvfrom`s, each with its share of the kernel's per-call work (on
+/// loopback, the window update it sends and the peer's transmission that update sets off).
+/// When the caller asks for less than [`READ_AHEAD`], the socket is read into a buffer of
+/// that size and the caller served from it: one system call per 64 KiB, for one copy. The
+/// buffer is borrowed from the worker thread's spares only while it holds bytes, so an idle
+/// connection holds none and a busy one allocates none.
 #[derive(Debug)]
 pub struct CountingIo<T> {
     inner: T,
     read: IntCounter,
     written: IntCounter,
     activity: Arc<Activity>,
+    ahead: Option<ReadAhead>,
+}
+
+/// How much one read from the socket may take beyond what the caller asked.
+pub const READ_AHEAD: usize = 64 * 1024;
+/// Read-ahead buffers a worker thread keeps for its connections: as many as it has
+/// connections with bytes waiting at once, which is rarely more than a few.
+const SPARES_PER_THREAD: usize = 16;
+
+thread_local! {
+    static SPARE_BUFFERS: std::cell::RefCell<Vec<Box<[u8]>>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Bytes read from the socket and not yet handed on: `buf[start..end]`, never empty.
+#[derive(Debug)]
+struct ReadAhead {
+    buf: Box<[u8]>,
+    start: usize,
+    end: usize,
+}
+
+fn borrow_buffer() -> Box<[u8]> {
+    SPARE_BUFFERS
+        .with(|s| s.borrow_mut().pop())
+        .unwrap_or_else(|| vec![0; READ_AHEAD].into_boxed_slice())
+}
+
+fn return_buffer(buf: Box<[u8]>) {
+    SPARE_BUFFERS.with(|s| {
+        let mut spares = s.borrow_mut();
+        if spares.len() < SPARES_PER_THREAD {
+            spares.push(buf);
+        }
+    });
 }
 
 impl<T> CountingIo<T> {
@@ -239,12 +281,72 @@ impl<T> CountingIo<T> {
             read,
             written,
             activity,
+            ahead: None,
         }
     }
 
     /// The wrapped object.
     pub fn get_ref(&self) -> &T {
         &self.inner
+    }
+
+    /// Whether bytes already read from the socket wait here: a check of the socket alone
+    /// (a peek, readiness) would not see them.
+    pub fn has_buffered(&self) -> bool {
+        self.ahead.is_some()
+    }
+
+    /// Hands on what waits in the read-ahead buffer, as much as `buf` takes, and returns
+    /// the buffer once it is drained; false when nothing waits.
+    fn serve_buffered(&mut self, buf: &mut ReadBuf<'_>) -> bool {
+        let Some(a) = self.ahead.as_mut() else {
+            return false;
+        };
+        let n = (a.end - a.start).min(buf.remaining());
+        buf.put_slice(&a.buf[a.start..a.start + n]);
+        a.start += n;
+        if a.start == a.end {
+            if let Some(drained) = self.ahead.take() {
+                return_buffer(drained.buf);
+            }
+        }
+        true
+    }
+}
+
+impl<T: AsyncRead + Unpin> CountingIo<T> {
+    /// One read from the socket: straight into `buf` when it is large, else into a
+    /// read-ahead buffer and from there into `buf`. The bytes read from the socket.
+    fn read_socket(
+        &mut self,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<usize>> {
+        if buf.remaining() >= READ_AHEAD {
+            let before = buf.filled().len();
+            return Pin::new(&mut self.inner)
+                .poll_read(cx, buf)
+                .map_ok(|()| buf.filled().len() - before);
+        }
+        let mut spare = borrow_buffer();
+        let mut into = ReadBuf::new(&mut spare);
+        let read = Pin::new(&mut self.inner).poll_read(cx, &mut into);
+        let n = into.filled().len();
+        match read {
+            Poll::Ready(Ok(())) if n > 0 => {
+                self.ahead = Some(ReadAhead {
+                    buf: spare,
+                    start: 0,
+                    end: n,
+                });
+                self.serve_buffered(buf);
+                Poll::Ready(Ok(n))
+            }
+            other => {
+                return_buffer(spare);
+                other.map_ok(|()| 0)
+            }
+        }
     }
 }
 
@@ -254,14 +356,20 @@ impl<T: AsyncRead + Unpin> AsyncRead for CountingIo<T> {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        let before = buf.filled().len();
-        let res = Pin::new(&mut self.inner).poll_read(cx, buf);
-        let n = buf.filled().len() - before;
-        if n > 0 {
-            self.read.inc_by(n as u64);
-            self.activity.bytes_moved();
+        if self.serve_buffered(buf) {
+            return Poll::Ready(Ok(()));
         }
-        res
+        match self.read_socket(cx, buf) {
+            Poll::Ready(Ok(n)) => {
+                if n > 0 {
+                    self.read.inc_by(n as u64);
+                    self.activity.bytes_moved();
+                }
+                Poll::Ready(Ok(()))
+            }
+            Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
+            Poll::Pending => Poll::Pending,
+        }
     }
 }
 
@@ -306,5 +414,73 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for CountingIo<T> {
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    fn counting<T>(inner: T) -> (CountingIo<T>, IntCounter) {
+        let read = IntCounter::new("read", "read").unwrap();
+        let written = IntCounter::new("written", "written").unwrap();
+        let io = CountingIo::new(inner, read.clone(), written, Activity::new(true, 100));
+        (io, read)
+    }
+
+    #[tokio::test]
+    async fn read_ahead_hands_on_every_byte_in_order_and_holds_no_buffer_once_drained() {
+        let sent: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
+        let (mut client, server) = tokio::io::duplex(256 * 1024);
+        let (mut io, read) = counting(server);
+        let writer = {
+            let sent = sent.clone();
+            tokio::spawn(async move {
+                client.write_all(&sent).await.unwrap();
+                client.shutdown().await.unwrap();
+            })
+        };
+        let mut got = Vec::with_capacity(sent.len());
+        // Small reads as rustls makes them (a record at most), and now and then one larger
+        // than the read-ahead, which goes to the socket directly once nothing waits here.
+        let mut small = [0u8; 16 * 1024 + 5];
+        let mut large = vec![0u8; READ_AHEAD + 1];
+        for i in 0.. {
+            let n = if i % 7 == 6 && !io.has_buffered() {
+                let n = io.read(&mut large).await.unwrap();
+                got.extend_from_slice(&large[..n]);
+                n
+            } else {
+                let n = io.read(&mut small[..(i % 5 + 1) * 3000]).await.unwrap();
+                got.extend_from_slice(&small[..n]);
+                n
+            };
+            if n == 0 {
+                break;
+            }
+        }
+        writer.await.unwrap();
+        assert_eq!(got.len(), sent.len());
+        assert!(got == sent, "bytes out of order");
+        assert_eq!(read.get(), sent.len() as u64, "counted once each");
+        assert!(!io.has_buffered(), "a drained connection holds no buffer");
+    }
+
+    #[tokio::test]
+    async fn a_small_read_takes_what_the_socket_has_up_to_the_read_ahead() {
+        let (mut client, server) = tokio::io::duplex(256 * 1024);
+        let (mut io, _) = counting(server);
+        client.write_all(&[7u8; 100_000]).await.unwrap();
+        let mut record = [0u8; 5];
+        assert_eq!(io.read(&mut record).await.unwrap(), 5);
+        // One read of the socket took 64 KiB; the rest of it waits here.
+        assert!(io.has_buffered());
+        let mut rest = vec![0u8; 16 * 1024];
+        let mut from_buffer = 0;
+        while io.has_buffered() {
+            from_buffer += io.read(&mut rest).await.unwrap();
+        }
+        assert_eq!(5 + from_buffer, READ_AHEAD);
     }
 }

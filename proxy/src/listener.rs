@@ -358,7 +358,11 @@ async fn first_request_bytes(
     shutdown: &CancellationToken,
 ) -> FirstBytes {
     let (io, conn) = stream.get_mut();
-    // The request may have come with the client's Finished and already sit in rustls.
+    // The request may have come with the client's Finished and already sit in rustls, or
+    // in the socket's read-ahead.
+    if io.has_buffered() {
+        return FirstBytes::Arrived;
+    }
     match conn.process_new_packets() {
         Ok(state) if state.plaintext_bytes_to_read() == 0 && !state.peer_has_closed() => {}
         // Data, a close or an error: hyper's first read sees it.

@@ -10,6 +10,8 @@ use e2e::*;
 #[test]
 fn bench_measures_every_row_for_the_proxy_and_both_peers() {
     let out = temp_dir("bench");
+    let metrics_save = || std::fs::read_to_string("/proc/sys/net/ipv4/tcp_no_metrics_save");
+    let metrics_save_before = metrics_save().expect("tcp_no_metrics_save");
     let run = run_loadgen(
         &args(&[
             "bench",
@@ -49,6 +51,20 @@ fn bench_measures_every_row_for_the_proxy_and_both_peers() {
     let json: serde_json::Value =
         serde_json::from_slice(&std::fs::read(out.join("bench.json")).expect("bench.json"))
             .expect("bench.json parses");
+    // Every connection goes to 127.0.0.1: the kernel's cache of what the last connection to
+    // an address saw (cwnd, RTT) is kept out of the run where the bench may (as root), and
+    // the setting put back afterwards.
+    let cache = json["settings"]["tcp_metrics_cache"].as_str().unwrap();
+    if nix::unistd::geteuid().is_root() {
+        assert!(cache.starts_with("off for the run"), "{cache}");
+        assert!(
+            cache.contains("flushed") && !cache.contains("not flushed"),
+            "{cache}"
+        );
+    } else {
+        assert!(cache.starts_with("on"), "{cache}");
+    }
+    assert_eq!(metrics_save().unwrap(), metrics_save_before);
     let columns: Vec<&str> = json["columns"]
         .as_array()
         .unwrap()

@@ -228,8 +228,82 @@ fn raise_nofile() -> u64 {
     }
 }
 
+/// The kernel's per-destination TCP metrics (the cwnd, ssthresh and RTT a closed connection
+/// leaves for the next one to the same address), kept out of the bench: every connection
+/// here goes to 127.0.0.1, so each column's connections would start from what the
+/// previous column's left behind, and the order of the columns would leak into the ratios
+/// (the entry found for 127.0.0.1 on the development VM said an RTT of 7 ms and a
+/// reordering of 10, where loopback's RTT is tens of microseconds). For the run, nothing is saved
+/// (`net.ipv4.tcp_no_metrics_save = 1`) and what was saved for loopback is flushed; the
+/// setting is put back when the bench ends. Needs root; without it the bench says so.
+struct TcpMetricsOff {
+    restore: Option<String>,
+}
+
+const NO_METRICS_SAVE: &str = "/proc/sys/net/ipv4/tcp_no_metrics_save";
+
+impl TcpMetricsOff {
+    /// Turns the cache off and flushes loopback's entries; what was done, for bench.json.
+    fn apply() -> (Self, String) {
+        let before = std::fs::read_to_string(NO_METRICS_SAVE).map(|v| v.trim().to_owned());
+        let set = std::fs::write(NO_METRICS_SAVE, "1");
+        let flushed = [
+            ["-4", "tcp_metrics", "flush", "127.0.0.0/8"],
+            ["-6", "tcp_metrics", "flush", "::1/128"],
+        ]
+        .iter()
+        .all(|a| {
+            // With no entry for the prefix, `ip` says so and exits with 2: nothing was left.
+            std::process::Command::new("ip")
+                .args(a)
+                .output()
+                .is_ok_and(|out| {
+                    let said = String::from_utf8_lossy(&out.stderr);
+                    out.status.success()
+                        || said.contains("Nothing to flush")
+                        || said.contains("No such process")
+                })
+        });
+        match (before, set) {
+            (Ok(before), Ok(())) => (
+                Self {
+                    restore: Some(before),
+                },
+                if flushed {
+                    "off for the run (tcp_no_metrics_save = 1), loopback's entries flushed".into()
+                } else {
+                    "off for the run (tcp_no_metrics_save = 1); loopback's entries not flushed (`ip tcp_metrics` failed)".into()
+                },
+            ),
+            (_, Err(e)) => {
+                eprintln!(
+                    "warning: cannot turn off the kernel's TCP metrics cache ({NO_METRICS_SAVE}: {e}): \
+                     each column's connections may start from what the previous column's left"
+                );
+                (
+                    Self { restore: None },
+                    format!("on: {NO_METRICS_SAVE} not writable ({e})"),
+                )
+            }
+            (Err(e), Ok(())) => (
+                Self { restore: None },
+                format!("off for the run; its previous value unreadable ({e}), left at 1"),
+            ),
+        }
+    }
+}
+
+impl Drop for TcpMetricsOff {
+    fn drop(&mut self) {
+        if let Some(value) = self.restore.take() {
+            let _ = std::fs::write(NO_METRICS_SAVE, value);
+        }
+    }
+}
+
 /// Runs the benchmark and writes `bench.md` and `bench.json` under `--out`.
 pub async fn execute(args: &BenchArgs, stop: CancellationToken) -> Result<BenchResult> {
+    let (_tcp_metrics, tcp_metrics) = TcpMetricsOff::apply();
     let nofile = raise_nofile();
     let max_idle = args.idle.iter().copied().max().unwrap_or(0) as u64;
     if args.parts.contains(&Part::Idle) && nofile < max_idle + 1000 {
@@ -366,7 +440,11 @@ pub async fn execute(args: &BenchArgs, stop: CancellationToken) -> Result<BenchR
     let result = BenchResult {
         columns,
         rows: table.finish(),
-        settings: settings_record(args),
+        settings: {
+            let mut settings = settings_record(args);
+            settings["tcp_metrics_cache"] = tcp_metrics.into();
+            settings
+        },
         machine: {
             let (cpu, cores, kernel) =
                 crate::probe::cpu::machine_facts(std::path::Path::new("/proc"));
@@ -615,6 +693,15 @@ pub fn render(result: &BenchResult) -> String {
             "the sink read every request body whole before it answered, as Qdrant does".to_owned(),
         ),
         None => {}
+    }
+    if let Some(cache) = result.settings["tcp_metrics_cache"]
+        .as_str()
+        .filter(|c| c.starts_with("on"))
+    {
+        notes.push(format!(
+            "the kernel's TCP metrics cache was {cache}: each column's connections may have \
+             started from what the previous column's left (run as root to turn it off)"
+        ));
     }
     if let Some(in_process) = result.settings["in_process"].as_str() {
         notes.push(format!("the rows into embedded-qdrant: {in_process}"));

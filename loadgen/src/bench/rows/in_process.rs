@@ -56,6 +56,15 @@ struct Keys {
     rate: String,
 }
 
+impl Keys {
+    /// Why `label` has no figures in these rows.
+    fn missing(&self, table: &mut Table, label: &str, why: &anyhow::Error) {
+        for key in [&self.total, &self.terminator, &self.rate] {
+            table.put(key, label, Err(anyhow!("{why:#}")));
+        }
+    }
+}
+
 /// The in-process TLS rows.
 pub struct InProcessTls {
     algorithms: Vec<CertAlgorithmName>,
@@ -178,19 +187,17 @@ impl InProcessTls {
     ) {
         let keys: Vec<&Keys> = self.keys.iter().filter(|k| k.kind == kind).collect();
         let own = own_tls_column();
-        let fail = |table: &mut Table, label: &str, keys: &[&Keys], e: &anyhow::Error| {
+        let fail = |table: &mut Table, label: &str, e: &anyhow::Error| {
             eprintln!("{label} in front of embedded-qdrant, {kind:?}: {e:#}");
-            for k in keys {
-                for key in [&k.total, &k.terminator, &k.rate] {
-                    table.put(key, label, Err(anyhow!("{e:#}")));
-                }
+            for k in &keys {
+                k.missing(table, label, e);
             }
         };
         let plain = match start_database(binary, work, "embedded-qdrant-plain", kind, None).await {
             Ok(db) => db,
             Err(e) => {
                 for label in columns.iter().map(|c| c.label).chain([own.as_str()]) {
-                    fail(table, label, &keys, &e);
+                    fail(table, label, &e);
                 }
                 return;
             }
@@ -205,7 +212,7 @@ impl InProcessTls {
             match (c.start)(&[upstream]) {
                 Ok(t) => fronts.push((c.label, Some(t))),
                 Err(e) => {
-                    fail(table, c.label, &keys, &e.context("did not start"));
+                    fail(table, c.label, &e.context("did not start"));
                     fronts.push((c.label, None));
                 }
             }
@@ -295,9 +302,7 @@ fn put(table: &mut Table, k: &Keys, label: &str, kind: Bulk, cell: Result<Cell>)
         }
         Err(e) => {
             eprintln!("{label} {kind:?} upsert into embedded-qdrant: {e:#}");
-            for key in [&k.total, &k.terminator, &k.rate] {
-                table.put(key, label, Err(anyhow!("{e:#}")));
-            }
+            k.missing(table, label, &e);
         }
     }
 }
@@ -400,14 +405,7 @@ async fn measure_loop(
     let db = db.close().context("the database's CPU")?;
     let failed: u64 = out.failures.values().sum();
     if out.ok == 0 {
-        return Err(anyhow!(
-            "nothing succeeded: {}",
-            out.failure_examples
-                .values()
-                .next()
-                .cloned()
-                .unwrap_or_default()
-        ));
+        return Err(super::nothing_succeeded(&out));
     }
     if let Some((kind, e)) = out.failure_examples.iter().next() {
         eprintln!("{failed} failed, first ({kind}): {e}");

@@ -261,6 +261,18 @@ fn failed(o: &driver::Outcome) -> u64 {
     o.failures.values().sum()
 }
 
+/// The error of a loop in which no unit succeeded: the first failure it saw.
+fn nothing_succeeded(out: &driver::Outcome) -> anyhow::Error {
+    anyhow::anyhow!(
+        "nothing succeeded: {}",
+        out.failure_examples
+            .values()
+            .next()
+            .cloned()
+            .unwrap_or_default()
+    )
+}
+
 /// Per new connection (µs).
 pub const PER_CONNECTION: Unit = Unit {
     scale: 1e6,
@@ -327,14 +339,7 @@ pub fn cpu_per_unit(
             table.put(kernel_key, label, Ok(cpu.system * unit.scale / count));
             Ok(cpu.total() * unit.scale / count)
         }
-        Ok((_, out)) => Err(anyhow::anyhow!(
-            "nothing succeeded: {}",
-            out.failure_examples
-                .values()
-                .next()
-                .cloned()
-                .unwrap_or_default()
-        )),
+        Ok((_, out)) => Err(nothing_succeeded(&out)),
         Err(e) => Err(e),
     };
     match &figure {

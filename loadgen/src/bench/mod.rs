@@ -599,8 +599,8 @@ fn settings_record(args: &BenchArgs) -> serde_json::Value {
                     defaults: proxy a worker per CPU, nginx worker_processes auto, HAProxy its default threads",
         "cpu": "user+system of the terminator's process tree from /proc",
         "in_process": args.parts.contains(&Part::InProcess).then_some(
-            "defaults set-up only: each terminator at its defaults in front of embedded-qdrant in \
-             plaintext, and embedded-qdrant terminating TLS itself (rustls with ring); CPU of terminator \
+            "each terminator of each set-up in front of embedded-qdrant in plaintext, and (with the \
+             defaults set-up) embedded-qdrant terminating TLS itself (rustls with ring); CPU of terminator \
              and database together per upsert; UPSERT_100 of 1024-d vectors, wait=true, a new connection \
              each, ids recurring every 64 upserts"),
     })

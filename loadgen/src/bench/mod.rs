@@ -361,8 +361,8 @@ pub async fn execute(args: &BenchArgs, stop: CancellationToken) -> Result<BenchR
         work: &work,
     };
     // Every terminator is started first and measured in interleaved rounds (each once per
-    // round), so drift on a shared machine hits every column alike; an idle terminator
-    // costs nothing meanwhile.
+    // round, every other round in reverse), so drift on a shared machine hits every column
+    // alike; an idle terminator costs nothing meanwhile.
     let mut started = if sets.iter().any(|s| s.when() == When::EveryRound) {
         start_columns(&ctx, &specs, &mut table)
     } else {
@@ -373,7 +373,8 @@ pub async fn execute(args: &BenchArgs, stop: CancellationToken) -> Result<BenchR
             eprintln!("round {round} of {}", args.repeat);
         }
         table.set_round(round);
-        for (label, t) in started.iter_mut() {
+        for column in rows::round_order(started.len(), round) {
+            let (label, t) = &mut started[column];
             let Some(t) = t.as_mut() else { continue };
             if stop.is_cancelled() || !t.alive() {
                 continue;

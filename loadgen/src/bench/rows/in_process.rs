@@ -13,7 +13,8 @@
 //! the upserts/s stand beside it.
 //!
 //! The database's CPU is most of every figure here, so its rounds are interleaved per
-//! algorithm: each column in turn, the in-process one last, then the next algorithm.
+//! algorithm: each column in turn (in reverse every other round), the in-process one last,
+//! then the next algorithm.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -225,7 +226,8 @@ impl InProcessTls {
         for round in 1..=bench.args.repeat.max(1) {
             table.set_round(round);
             for k in &keys {
-                for (label, t) in &mut fronts {
+                for column in super::round_order(fronts.len(), round) {
+                    let (label, t) = &mut fronts[column];
                     let Some(t) = t.as_mut() else { continue };
                     if bench.stop.is_cancelled() {
                         break;

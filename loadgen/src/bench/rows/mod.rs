@@ -246,6 +246,15 @@ pub fn loop_config(
     }
 }
 
+/// The order the columns are measured in during `round` (from 1): as given in odd rounds,
+/// reversed in even ones. The host's speed drifts within minutes, and a fixed order puts
+/// the same column at the same point of that drift every round; alternating it (ABBA over
+/// two rounds) lets a drift within a round fall on both ends alike.
+pub fn round_order(columns: usize, round: usize) -> impl Iterator<Item = usize> {
+    let reversed = round.is_multiple_of(2);
+    (0..columns).map(move |i| if reversed { columns - 1 - i } else { i })
+}
+
 /// How a timed row turns CPU-seconds and the work done into its figure.
 pub struct Unit {
     /// Figure units per CPU-second (1e6 for microseconds).
@@ -375,6 +384,14 @@ mod tests {
             schedule_lag_us: None,
             interrupted: false,
         }
+    }
+
+    #[test]
+    fn columns_run_in_reverse_every_other_round() {
+        assert_eq!(round_order(3, 1).collect::<Vec<_>>(), [0, 1, 2]);
+        assert_eq!(round_order(3, 2).collect::<Vec<_>>(), [2, 1, 0]);
+        assert_eq!(round_order(3, 3).collect::<Vec<_>>(), [0, 1, 2]);
+        assert_eq!(round_order(0, 2).count(), 0);
     }
 
     #[test]

@@ -13,8 +13,8 @@
 //! the upserts/s stand beside it.
 //!
 //! The database's CPU is most of every figure here, so its rounds are interleaved per
-//! algorithm: each column in turn (in reverse every other round), the in-process one last,
-//! then the next algorithm.
+//! algorithm: each column in turn, the in-process one last (the whole order reversed every
+//! other round), then the next algorithm.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -226,12 +226,19 @@ impl InProcessTls {
         for round in 1..=bench.args.repeat.max(1) {
             table.set_round(round);
             for k in &keys {
-                for column in super::round_order(fronts.len(), round) {
-                    let (label, t) = &mut fronts[column];
-                    let Some(t) = t.as_mut() else { continue };
+                // The database's own TLS is the last column, in the order's turn like the
+                // others (last, or first every other round).
+                let columns = fronts.len() + usize::from(self.own_tls);
+                for column in super::round_order(columns, round) {
                     if bench.stop.is_cancelled() {
                         break;
                     }
+                    let Some((label, t)) = fronts.get_mut(column) else {
+                        let cell = measure_own_tls(bench, binary, work, kind, vectors, k.alg).await;
+                        put(table, k, &own, kind, cell);
+                        continue;
+                    };
+                    let Some(t) = t.as_mut() else { continue };
                     let cell = async {
                         let addr = *t
                             .addrs
@@ -245,34 +252,6 @@ impl InProcessTls {
                         eprintln!("{label}: died: {}", t.log_tail());
                     }
                 }
-                if bench.stop.is_cancelled() {
-                    break;
-                }
-                if !self.own_tls {
-                    continue;
-                }
-                let cell = async {
-                    let pair = (bench.certs.cert(k.alg), bench.certs.key(k.alg));
-                    let db = start_database(
-                        binary,
-                        work,
-                        "embedded-qdrant-tls",
-                        kind,
-                        Some((pair, bench.clients)),
-                    )
-                    .await?;
-                    let addr = if kind == Bulk::Grpc { db.grpc } else { db.rest };
-                    let own_tls = Upstream {
-                        db: &db,
-                        kind,
-                        vectors,
-                    };
-                    let cell = measure_loop(bench, &own_tls, addr, None).await;
-                    db.stop();
-                    cell
-                }
-                .await;
-                put(table, k, &own, kind, cell);
             }
         }
         for (_, t) in fronts {
@@ -282,6 +261,36 @@ impl InProcessTls {
         }
         plain.stop();
     }
+}
+
+/// One loop against embedded-qdrant terminating TLS itself with `alg`'s certificate,
+/// started for the loop and stopped after it.
+async fn measure_own_tls(
+    bench: &Bench<'_>,
+    binary: &Path,
+    work: &Path,
+    kind: Bulk,
+    vectors: &crate::vectors::VectorSet,
+    alg: CertAlgorithmName,
+) -> Result<Cell> {
+    let pair = (bench.certs.cert(alg), bench.certs.key(alg));
+    let db = start_database(
+        binary,
+        work,
+        "embedded-qdrant-tls",
+        kind,
+        Some((pair, bench.clients)),
+    )
+    .await?;
+    let addr = if kind == Bulk::Grpc { db.grpc } else { db.rest };
+    let own_tls = Upstream {
+        db: &db,
+        kind,
+        vectors,
+    };
+    let cell = measure_loop(bench, &own_tls, addr, None).await;
+    db.stop();
+    cell
 }
 
 /// Puts one loop's figures, or why there are none, in the rows of `k`.

@@ -441,11 +441,7 @@ pub async fn execute(args: &BenchArgs, stop: CancellationToken) -> Result<BenchR
     let result = BenchResult {
         columns,
         rows: table.finish(),
-        settings: {
-            let mut settings = settings_record(args);
-            settings["tcp_metrics_cache"] = tcp_metrics.into();
-            settings
-        },
+        settings: settings_record(args, &tcp_metrics),
         machine: {
             let (cpu, cores, kernel) =
                 crate::probe::cpu::machine_facts(std::path::Path::new("/proc"));
@@ -584,7 +580,8 @@ fn column_specs(args: &BenchArgs, peers: &[Peer]) -> Vec<ColumnSpec> {
 }
 
 /// What the bench pinned and how it ran, as bench.json records it.
-fn settings_record(args: &BenchArgs) -> serde_json::Value {
+/// `tcp_metrics_cache`: what the bench did with the kernel's TCP metrics cache.
+fn settings_record(args: &BenchArgs, tcp_metrics_cache: &str) -> serde_json::Value {
     serde_json::json!({
         "tls": "1.3", "kx": "x25519", "resumption": false,
         "client": "rustls aws-lc-rs, its stock cipher order (AES-256-GCM first)",
@@ -599,6 +596,7 @@ fn settings_record(args: &BenchArgs) -> serde_json::Value {
         "workers": "one-worker: proxy worker_threads as given, nginx worker_processes 1, HAProxy nbthread 1; \
                     defaults: proxy a worker per CPU, nginx worker_processes auto, HAProxy its default threads",
         "cpu": "user+system of the terminator's process tree from /proc",
+        "tcp_metrics_cache": tcp_metrics_cache,
         "in_process": args.parts.contains(&Part::InProcess).then_some(
             "each terminator of each set-up in front of embedded-qdrant in plaintext, and (with the \
              defaults set-up) embedded-qdrant terminating TLS itself (rustls with ring); CPU of terminator \

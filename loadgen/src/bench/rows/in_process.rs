@@ -159,12 +159,11 @@ impl RowSet for InProcessTls {
                 .unwrap_or_else(|| sibling_binary("embedded-qdrant"));
             let work = bench.args.out.join("work");
             let vectors = crate::vectors::synthetic(TEMPLATE_VARIANTS * POINTS, DIM, 0x1b_5eed);
-            let columns: Vec<&ColumnStarter> = columns.iter().collect();
             for kind in [Bulk::H1Rest, Bulk::Grpc] {
                 if bench.stop.is_cancelled() {
                     return;
                 }
-                self.measure_kind(bench, &binary, &work, &vectors, &columns, kind, table)
+                self.measure_kind(bench, &binary, &work, &vectors, columns, kind, table)
                     .await;
             }
         })
@@ -182,7 +181,7 @@ impl InProcessTls {
         binary: &Path,
         work: &Path,
         vectors: &crate::vectors::VectorSet,
-        columns: &[&ColumnStarter<'_>],
+        columns: &[ColumnStarter<'_>],
         kind: Bulk,
         table: &mut Table,
     ) {
@@ -417,7 +416,7 @@ async fn measure_loop(
     let out = run(bench.args.duration).await;
     let front = front.map(|w| w.close()).transpose()?;
     let db = db.close().context("the database's CPU")?;
-    let failed: u64 = out.failures.values().sum();
+    let failed = super::failed(&out);
     if out.ok == 0 {
         return Err(super::nothing_succeeded(&out));
     }

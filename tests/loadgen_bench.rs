@@ -243,7 +243,10 @@ fn in_process_rows_compare_the_database_own_tls(rows: &[serde_json::Value], colu
                 assert!(total["ratios_to_nginx"][column].as_f64().unwrap() > 0.0);
             } else {
                 let part = figure(terminator).unwrap_or_else(|| panic!("{column}: {terminator}"));
-                assert!(0.0 < part && part < all, "{column}: {part} of {all}");
+                // /proc counts CPU in 10 ms ticks: in this test's short loops a terminator
+                // that used a few milliseconds in all may read zero (nginx with one worker
+                // did in CI); the database's part always makes the total larger.
+                assert!(0.0 <= part && part < all, "{column}: {part} of {all}");
                 if !column.starts_with("nginx") {
                     assert!(
                         total["ratios_to_nginx"][column].as_f64().unwrap() > 0.0,

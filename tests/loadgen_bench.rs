@@ -65,6 +65,20 @@ fn bench_measures_every_row_for_the_proxy_and_both_peers() {
         assert!(cache.starts_with("on"), "{cache}");
     }
     assert_eq!(metrics_save().unwrap(), metrics_save_before);
+    // The clients' congestion control is the bench's (cubic by default), not the host's,
+    // and bench.md says so.
+    let congestion = json["settings"]["client_congestion_control"]
+        .as_str()
+        .unwrap();
+    assert!(
+        congestion.starts_with("cubic, set on every client socket"),
+        "{congestion}"
+    );
+    let table = std::fs::read_to_string(out.join("bench.md")).expect("bench.md");
+    assert!(
+        table.contains("the clients' TCP congestion control: cubic"),
+        "{table}"
+    );
     let columns: Vec<&str> = json["columns"]
         .as_array()
         .unwrap()

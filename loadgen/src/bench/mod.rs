@@ -26,7 +26,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{anyhow, bail, Context, Result};
 use clap::{Args, ValueEnum};
 use proxy::crypto::{generate_cert_set, CertAlgorithmName, ProviderName};
 use serde::Serialize;
@@ -170,6 +170,14 @@ pub struct BenchArgs {
     /// (HAProxy). One by default; three measure what balancing costs.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=16))]
     pub upstream_nodes: u16,
+    /// TCP congestion control of the bench's client sockets (Linux), or `host` for the
+    /// host's default. On loopback a client's sending runs partly on the terminator's CPU:
+    /// the ACK a terminator's read sends is processed at once by the client's socket, which
+    /// then transmits what the window allows. A pacing algorithm (BBR) arms its pacing
+    /// timer there, a cost that lands on the terminator here and on the client's own host in
+    /// any deployment; cubic, the kernel's default, does not pace without an fq qdisc.
+    #[arg(long, default_value = "cubic")]
+    pub client_congestion_control: String,
     /// Where the table (bench.md), the figures (bench.json) and the logs go.
     #[arg(long, default_value = "results/bench")]
     pub out: PathBuf,
@@ -207,12 +215,41 @@ fn bench_client(ca: &std::path::Path, alpn: &[u8]) -> Result<Arc<rustls::ClientC
     .build()?)
 }
 
-fn clients(ca: &std::path::Path) -> Result<Clients> {
+fn clients(ca: &std::path::Path, congestion_control: Option<Arc<str>>) -> Result<Clients> {
     Ok(Clients {
         http1: bench_client(ca, b"http/1.1")?,
         h2: bench_client(ca, b"h2")?,
         in_memory: bench_client(ca, b"")?,
+        congestion_control,
     })
+}
+
+/// The host's default TCP congestion control, as the kernel reports it.
+const HOST_CONGESTION_CONTROL: &str = "/proc/sys/net/ipv4/tcp_congestion_control";
+
+/// The congestion control `--client-congestion-control` asks for, checked against the
+/// kernel before anything starts (a probe socket takes it or says why not), and how
+/// bench.json records it.
+fn client_congestion_control(arg: &str) -> Result<(Option<Arc<str>>, String)> {
+    let host = std::fs::read_to_string(HOST_CONGESTION_CONTROL)
+        .map(|s| s.trim().to_owned())
+        .unwrap_or_else(|_| "unknown".to_owned());
+    if arg == "host" {
+        return Ok((None, format!("the host's default ({host})")));
+    }
+    let probe = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)
+        .context("a probe socket for --client-congestion-control")?;
+    crate::client::set_congestion_control(&probe, arg).map_err(|e| {
+        anyhow!(
+            "--client-congestion-control {arg}: the kernel refused it ({e}); \
+             `sysctl net.ipv4.tcp_available_congestion_control` lists what it offers, or pass \
+             `host` to keep the host's default ({host})"
+        )
+    })?;
+    Ok((
+        Some(Arc::from(arg)),
+        format!("{arg}, set on every client socket of the timed rows (the host's default: {host})"),
+    ))
 }
 
 /// Raises this process's open-file limit to its hard limit (10,000 idle connections need
@@ -303,6 +340,8 @@ impl Drop for TcpMetricsOff {
 
 /// Runs the benchmark and writes `bench.md` and `bench.json` under `--out`.
 pub async fn execute(args: &BenchArgs, stop: CancellationToken) -> Result<BenchResult> {
+    let (congestion_control, congestion_record) =
+        client_congestion_control(&args.client_congestion_control)?;
     let (_tcp_metrics, tcp_metrics) = TcpMetricsOff::apply();
     let nofile = raise_nofile();
     let max_idle = args.idle.iter().copied().max().unwrap_or(0) as u64;
@@ -326,7 +365,7 @@ pub async fn execute(args: &BenchArgs, stop: CancellationToken) -> Result<BenchR
         ca: set.ca_cert.clone(),
         algorithms: args.algorithms.clone(),
     };
-    let clients = clients(&certs.ca)?;
+    let clients = clients(&certs.ca, congestion_control)?;
     let sink_stop = stop.child_token();
     let sinks = start_sinks(args, &sink_stop).await?;
     let bench = Bench {
@@ -441,7 +480,7 @@ pub async fn execute(args: &BenchArgs, stop: CancellationToken) -> Result<BenchR
     let result = BenchResult {
         columns,
         rows: table.finish(),
-        settings: settings_record(args, &tcp_metrics),
+        settings: settings_record(args, &tcp_metrics, &congestion_record),
         machine: {
             let (cpu, cores, kernel) =
                 crate::probe::cpu::machine_facts(std::path::Path::new("/proc"));
@@ -580,8 +619,13 @@ fn column_specs(args: &BenchArgs, peers: &[Peer]) -> Vec<ColumnSpec> {
 }
 
 /// What the bench pinned and how it ran, as bench.json records it.
-/// `tcp_metrics_cache`: what the bench did with the kernel's TCP metrics cache.
-fn settings_record(args: &BenchArgs, tcp_metrics_cache: &str) -> serde_json::Value {
+/// `tcp_metrics_cache`: what the bench did with the kernel's TCP metrics cache;
+/// `client_congestion_control`: its clients' congestion control.
+fn settings_record(
+    args: &BenchArgs,
+    tcp_metrics_cache: &str,
+    client_congestion_control: &str,
+) -> serde_json::Value {
     serde_json::json!({
         "tls": "1.3", "kx": "x25519", "resumption": false,
         "client": "rustls aws-lc-rs, its stock cipher order (AES-256-GCM first)",
@@ -597,6 +641,7 @@ fn settings_record(args: &BenchArgs, tcp_metrics_cache: &str) -> serde_json::Val
                     defaults: proxy a worker per CPU, nginx worker_processes auto, HAProxy its default threads",
         "cpu": "user+system of the terminator's process tree from /proc",
         "tcp_metrics_cache": tcp_metrics_cache,
+        "client_congestion_control": client_congestion_control,
         "in_process": args.parts.contains(&Part::InProcess).then_some(
             "each terminator of each set-up in front of embedded-qdrant in plaintext, and (with the \
              defaults set-up) embedded-qdrant terminating TLS itself (rustls with ring); CPU of terminator \
@@ -702,6 +747,13 @@ pub fn render(result: &BenchResult) -> String {
              started from what the previous column's left (run as root to turn it off)"
         ));
     }
+    if let Some(cc) = result.settings["client_congestion_control"].as_str() {
+        notes.push(format!(
+            "the clients' TCP congestion control: {cc}; on loopback a client's sending runs \
+             partly on the terminator's CPU, as each ACK the terminator sends is processed by \
+             the client's socket at once"
+        ));
+    }
     if let Some(in_process) = result.settings["in_process"].as_str() {
         notes.push(format!("the rows into embedded-qdrant: {in_process}"));
     }
@@ -761,5 +813,30 @@ fn fmt_value(v: f64) -> String {
         format!("{v:.1}")
     } else {
         format!("{v:.2}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_clients_congestion_control_is_checked_before_the_run() {
+        let (none, record) = client_congestion_control("host").unwrap();
+        assert!(none.is_none());
+        assert!(record.starts_with("the host's default ("), "{record}");
+        if cfg!(target_os = "linux") {
+            let (reno, record) = client_congestion_control("reno").unwrap();
+            assert_eq!(reno.as_deref(), Some("reno"));
+            assert!(
+                record.starts_with("reno, set on every client socket"),
+                "{record}"
+            );
+            let err = client_congestion_control("no-such-algorithm")
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains("the kernel refused it"), "{err}");
+            assert!(err.contains("`host`"), "{err}");
+        }
     }
 }

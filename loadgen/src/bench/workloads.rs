@@ -54,6 +54,8 @@ pub struct Clients {
     pub h2: Arc<rustls::ClientConfig>,
     /// The same client without ALPN, for the in-memory handshake baseline.
     pub in_memory: Arc<rustls::ClientConfig>,
+    /// The TCP congestion control of every client socket (`None`: the host's default).
+    pub congestion_control: Option<Arc<str>>,
 }
 
 impl Clients {
@@ -79,13 +81,14 @@ pub async fn connector(addr: SocketAddr, clients: &Clients, kind: Bulk) -> Resul
     Ok(Arc::new(
         Connector::new(target, kind.protocol(), Some(config), Some(SERVER_NAME))
             .await?
-            .over_http2(kind.http2()),
+            .over_http2(kind.http2())
+            .with_congestion_control(clients.congestion_control.clone()),
     ))
 }
 
 /// A plaintext connector straight to a sink, HTTP/2 with prior knowledge: the direct path
 /// the latency row is compared with.
-pub async fn direct_connector(sink: SocketAddr) -> Result<Arc<Connector>> {
+pub async fn direct_connector(sink: SocketAddr, clients: &Clients) -> Result<Arc<Connector>> {
     let target = Target {
         host: sink.ip().to_string(),
         port: sink.port(),
@@ -94,7 +97,8 @@ pub async fn direct_connector(sink: SocketAddr) -> Result<Arc<Connector>> {
     Ok(Arc::new(
         Connector::new(target, Protocol::Rest, None, None)
             .await?
-            .over_http2(true),
+            .over_http2(true)
+            .with_congestion_control(clients.congestion_control.clone()),
     ))
 }
 

@@ -19,7 +19,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use rustls::pki_types::ServerName;
 use rustls::ClientConfig;
 use serde::{Deserialize, Serialize};
-use tokio::net::TcpStream;
+use tokio::net::{TcpSocket, TcpStream};
 
 /// Which API the workload speaks.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
@@ -260,6 +260,9 @@ pub struct Connector {
     authority: ::http::uri::Authority,
     /// Sent on every control-plane request too (API key, `--header`).
     pub extra_headers: ::http::HeaderMap,
+    /// The TCP congestion control of every connection (Linux `TCP_CONGESTION`), set
+    /// before it connects; the host's default when `None`.
+    congestion_control: Option<Arc<str>>,
 }
 
 /// What a fresh connection cost.
@@ -301,7 +304,16 @@ impl Connector {
             tls,
             authority,
             extra_headers: ::http::HeaderMap::new(),
+            congestion_control: None,
         })
+    }
+
+    /// The same connector with every connection's TCP congestion control set to `name`
+    /// (`None`: the host's default). The bench sets it: on loopback the client's sending
+    /// runs partly on the server's CPU (`loadgen bench --client-congestion-control`).
+    pub fn with_congestion_control(mut self, name: Option<Arc<str>>) -> Self {
+        self.congestion_control = name;
+        self
     }
 
     /// The same connector speaking HTTP/2 (`true`) or HTTP/1.1 whatever the protocol: REST
@@ -321,7 +333,7 @@ impl Connector {
     /// together.
     pub async fn open(&self) -> Result<Opened, Failure> {
         let start = Instant::now();
-        let tcp = TcpStream::connect(self.addr).await.map_err(|e| {
+        let tcp = self.connect_tcp().await.map_err(|e| {
             Failure::new(FailureKind::Connect, format!("connect {}: {e}", self.addr))
         })?;
         let _ = tcp.set_nodelay(true);
@@ -355,6 +367,19 @@ impl Connector {
                 })
             }
         }
+    }
+
+    async fn connect_tcp(&self) -> std::io::Result<TcpStream> {
+        let Some(name) = &self.congestion_control else {
+            return TcpStream::connect(self.addr).await;
+        };
+        let socket = if self.addr.is_ipv4() {
+            TcpSocket::new_v4()?
+        } else {
+            TcpSocket::new_v6()?
+        };
+        set_congestion_control(&socket, name)?;
+        socket.connect(self.addr).await
     }
 
     async fn http_handshake<IO>(&self, io: IO) -> Result<Conn, Failure>
@@ -528,6 +553,23 @@ fn grpc_outcome(headers: &::http::HeaderMap) -> Result<(), Failure> {
     }
 }
 
+/// Sets a socket's TCP congestion control (Linux `TCP_CONGESTION`): the kernel refuses a
+/// name it does not offer, or one outside `net.ipv4.tcp_allowed_congestion_control` for a
+/// process without CAP_NET_ADMIN.
+#[cfg(target_os = "linux")]
+pub fn set_congestion_control(socket: &impl std::os::fd::AsFd, name: &str) -> std::io::Result<()> {
+    socket2::SockRef::from(socket).set_tcp_congestion(name.as_bytes())
+}
+
+/// Elsewhere there is no per-socket choice to make.
+#[cfg(not(target_os = "linux"))]
+pub fn set_congestion_control(_socket: &impl std::os::fd::AsFd, name: &str) -> std::io::Result<()> {
+    Err(std::io::Error::new(
+        std::io::ErrorKind::Unsupported,
+        format!("TCP congestion control {name}: only Linux sets it per socket"),
+    ))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -547,5 +589,33 @@ mod tests {
         assert!(Target::parse("proxy").is_err());
         assert!(Target::parse("ftp://x:1").is_err());
         assert!(Target::parse("x:notaport").is_err());
+    }
+
+    /// The congestion control asked for is the one the connection's socket has, and a
+    /// name the kernel does not offer fails the connect with the kernel's reason.
+    #[cfg(target_os = "linux")]
+    #[tokio::test]
+    async fn connections_take_the_congestion_control_asked_for() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let target = Target::parse(&format!("http://{addr}")).unwrap();
+        // reno is built into every Linux kernel and allowed to every process.
+        let connector = Connector::new(target.clone(), Protocol::Rest, None, None)
+            .await
+            .unwrap()
+            .with_congestion_control(Some(Arc::from("reno")));
+        let tcp = connector.connect_tcp().await.unwrap();
+        let name = socket2::SockRef::from(&tcp).tcp_congestion().unwrap();
+        assert_eq!(
+            String::from_utf8_lossy(&name).trim_end_matches('\0'),
+            "reno"
+        );
+
+        let unknown = Connector::new(target, Protocol::Rest, None, None)
+            .await
+            .unwrap()
+            .with_congestion_control(Some(Arc::from("no-such-algorithm")));
+        let err = unknown.connect_tcp().await.unwrap_err();
+        assert_eq!(err.raw_os_error(), Some(libc::ENOENT), "{err}");
     }
 }

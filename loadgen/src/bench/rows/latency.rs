@@ -88,7 +88,7 @@ impl RowSet for Latency {
     fn prepare<'a>(&'a mut self, bench: &'a Bench<'a>) -> Measuring<'a, Result<()>> {
         Box::pin(async move {
             let sink = bench.sinks[0];
-            let connector = workloads::direct_connector(sink).await?;
+            let connector = workloads::direct_connector(sink, bench.clients).await?;
             let direct = mean_ms(bench, connector, &sink.to_string(), &self.body)
                 .await
                 .map_err(|e| e.context("the direct path to the sink"))?;

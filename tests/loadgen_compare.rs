@@ -75,6 +75,9 @@ fn tiny_matrix_writes_cells_and_report_and_survives_a_failing_provider() {
             assert_eq!(v["cell"]["algorithm"], alg);
             assert_eq!(v["requests_ok"], 6, "{v:#}");
             assert_eq!(v["verification"]["value"]["matches"], true);
+            // The proxy runs on this machine: the clients' congestion control is compare's
+            // (a pacing client's timer would run under the proxy's reads on loopback).
+            assert_eq!(v["config"]["congestion_control"], "cubic", "{v:#}");
             // Every request was a full handshake on a fresh proxy; the proxy's CPU is attributed.
             assert_eq!(v["handshakes"]["count"], 6);
             assert_eq!(v["proxy_metrics"]["value"]["handshakes"], 6.0);
@@ -106,6 +109,7 @@ fn tiny_matrix_writes_cells_and_report_and_survives_a_failing_provider() {
         md.contains("| ring |") && md.contains("| aws-lc-rs |"),
         "{md}"
     );
+    assert!(md.contains("TCP congestion control cubic"), "{md}");
     assert!(
         md.contains("## Failed cells") && md.contains("openssl-qat rsa2048 round 1"),
         "{md}"

@@ -703,6 +703,27 @@ fn bad_values_are_refused_before_anything_is_changed() {
     assert!(run.stderr.contains("--rate 0"), "{}", run.stderr);
     assert_eq!(count(), before, "the collection was not recreated");
 
+    // A congestion control the kernel does not offer is refused the same way, with the
+    // kernel's reason and how to see what it offers.
+    let mut bad = base_args(&target, "keepme");
+    bad.extend(args(&[
+        "--requests",
+        "4",
+        "--recreate",
+        "--congestion-control",
+        "no-such-algorithm",
+    ]));
+    let run = run_loadgen(&bad, None);
+    assert_eq!(run.status.code(), Some(2), "{}", run.stderr);
+    assert!(
+        run.stderr
+            .contains("--congestion-control no-such-algorithm: the kernel refused it")
+            && run.stderr.contains("tcp_available_congestion_control"),
+        "{}",
+        run.stderr
+    );
+    assert_eq!(count(), before, "the collection was not recreated");
+
     let out = temp_dir("lg-bad-compare");
     let run = run_loadgen(
         &args(&[

@@ -283,6 +283,8 @@ pub struct RunConfig {
     pub tls_version: Option<TlsVersion>,
     /// The client's key-exchange group.
     pub kx: String,
+    /// The TCP congestion control set on the client's connections; none: the host's.
+    pub congestion_control: Option<String>,
     /// Warm-up before the measured phase.
     pub warmup: String,
     /// Measured time, when the run was timed.

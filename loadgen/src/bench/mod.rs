@@ -224,28 +224,15 @@ fn clients(ca: &std::path::Path, congestion_control: Option<Arc<str>>) -> Result
     })
 }
 
-/// The host's default TCP congestion control, as the kernel reports it.
-const HOST_CONGESTION_CONTROL: &str = "/proc/sys/net/ipv4/tcp_congestion_control";
-
 /// The congestion control `--client-congestion-control` asks for, checked against the
-/// kernel before anything starts (a probe socket takes it or says why not), and how
-/// bench.json records it.
+/// kernel before anything starts, and how bench.json records it.
 fn client_congestion_control(arg: &str) -> Result<(Option<Arc<str>>, String)> {
-    let host = std::fs::read_to_string(HOST_CONGESTION_CONTROL)
-        .map(|s| s.trim().to_owned())
-        .unwrap_or_else(|_| "unknown".to_owned());
+    let host = crate::client::host_congestion_control();
     if arg == "host" {
         return Ok((None, format!("the host's default ({host})")));
     }
-    let probe = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)
-        .context("a probe socket for --client-congestion-control")?;
-    crate::client::set_congestion_control(&probe, arg).map_err(|e| {
-        anyhow!(
-            "--client-congestion-control {arg}: the kernel refused it ({e}); \
-             `sysctl net.ipv4.tcp_available_congestion_control` lists what it offers, or pass \
-             `host` to keep the host's default ({host})"
-        )
-    })?;
+    crate::client::probe_congestion_control(arg)
+        .map_err(|e| anyhow!("--client-congestion-control {e}"))?;
     Ok((
         Some(Arc::from(arg)),
         format!("{arg}, set on every client socket of the timed rows (the host's default: {host})"),

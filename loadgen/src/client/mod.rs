@@ -561,6 +561,30 @@ pub fn set_congestion_control(socket: &impl std::os::fd::AsFd, name: &str) -> st
     socket2::SockRef::from(socket).set_tcp_congestion(name.as_bytes())
 }
 
+/// Whether the kernel lets this process set `name` on a socket: a probe socket takes it,
+/// or the error says why not and how to see what the kernel offers.
+pub fn probe_congestion_control(name: &str) -> Result<()> {
+    let host = host_congestion_control();
+    let probe = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)
+        .context("a probe socket")?;
+    set_congestion_control(&probe, name).map_err(|e| {
+        anyhow!(
+            "{name}: the kernel refused it ({e}); `sysctl net.ipv4.tcp_available_congestion_control` \
+             lists what it offers, or pass `host` to keep the host's default ({host})"
+        )
+    })
+}
+
+/// The host's default TCP congestion control, as the kernel reports it.
+pub const HOST_CONGESTION_CONTROL: &str = "/proc/sys/net/ipv4/tcp_congestion_control";
+
+/// The host's default TCP congestion control, or "unknown".
+pub fn host_congestion_control() -> String {
+    std::fs::read_to_string(HOST_CONGESTION_CONTROL)
+        .map(|s| s.trim().to_owned())
+        .unwrap_or_else(|_| "unknown".to_owned())
+}
+
 /// Elsewhere there is no per-socket choice to make.
 #[cfg(not(target_os = "linux"))]
 pub fn set_congestion_control(_socket: &impl std::os::fd::AsFd, name: &str) -> std::io::Result<()> {

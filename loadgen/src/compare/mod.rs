@@ -319,6 +319,10 @@ const FLAGS_COMPARE_SETS: [&str; 16] = [
     "cell_repeat",
 ];
 
+/// The clients' congestion control in cells whose proxy compare starts on this machine,
+/// unless the flags after `--` name one: the bench's choice, for the bench's reason.
+const LOCAL_CELL_CONGESTION_CONTROL: &str = "cubic";
+
 /// Stands for a cell's target until the cell knows it (a local cell's proxy picks its port).
 const TARGET_PER_CELL: &str = "localhost:1";
 
@@ -623,6 +627,12 @@ async fn run_local_cell(
     };
     wait_ready(&format!("http://{admin}/readyz")).await?;
     let mut run = cell_run_args(base, cell, &format!("localhost:{}", listen.port()), ca, out);
+    if run.congestion_control.is_none() {
+        // The proxy runs on this machine: a pacing client's timer (BBR) would run under the
+        // proxy's reads and be counted as the proxy's CPU (`--congestion-control host` keeps
+        // the host's default; the cell's result records which).
+        run.congestion_control = Some(LOCAL_CELL_CONGESTION_CONTROL.to_owned());
+    }
     run.proxy_metrics = Some(format!("http://{admin}/metrics"));
     run.watch_pid.push(format!("proxy={}", proxy.pid()));
     if let Some(pid) = upstream_pid {

@@ -713,12 +713,16 @@ fn setup_facts(r: &RunResult) -> Vec<(String, String)> {
         (
             "Connections".into(),
             format!(
-                "policy {}, resumption {}, TLS {}, key exchange {}, concurrency {}",
+                "policy {}, resumption {}, TLS {}, key exchange {}, concurrency {}, TCP congestion control {}",
                 c.connection_policy,
                 or_default(c.resumption.map(OnOff::as_str)),
                 or_default(c.tls_version.map(TlsVersion::as_str)),
                 c.kx,
-                c.concurrency
+                c.concurrency,
+                match c.congestion_control.as_deref() {
+                    None | Some("host") => "the host's default",
+                    Some(name) => name,
+                }
             ),
         ),
         (

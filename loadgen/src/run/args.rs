@@ -151,6 +151,13 @@ pub struct RunArgs {
     /// TLS server name (default: the target host).
     #[arg(long)]
     pub server_name: Option<String>,
+    /// TCP congestion control of every connection to the target (Linux, e.g. cubic, bbr),
+    /// or `host` for the host's default (the default). `loadgen compare` sets cubic for the
+    /// proxies it starts on this machine: on loopback a pacing client's timer would run on
+    /// the proxy's CPU (see `loadgen bench --client-congestion-control`).
+    #[arg(long)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub congestion_control: Option<String>,
     /// The database's API key, sent as an `api-key` header (gRPC metadata) on every
     /// request, as Qdrant's clients do. Recorded in the result only as "(set)".
     #[arg(long, env = "LOADGEN_API_KEY", hide_env_values = true)]
@@ -380,6 +387,14 @@ impl RunArgs {
     /// Every check that needs neither the network nor the target: run before anything is
     /// changed (the collection recreated, vectors embedded), and by `compare` for every
     /// cell's flags before the first cell starts.
+    /// The congestion control to set on each connection: `None` for the host's default.
+    pub fn congestion_control(&self) -> Option<&str> {
+        self.congestion_control
+            .as_deref()
+            .filter(|name| *name != "host")
+    }
+
+    /// Checks what the flags cannot say alone, before anything starts.
     pub fn check(&self) -> Result<()> {
         self.request_headers()?;
         let target = Target::parse(&self.target)?;
@@ -402,6 +417,10 @@ impl RunArgs {
         }
         if self.requests == Some(0) {
             bail!("--requests must be at least 1");
+        }
+        if let Some(name) = self.congestion_control() {
+            crate::client::probe_congestion_control(name)
+                .map_err(|e| anyhow::anyhow!("--congestion-control {e}"))?;
         }
         if self.points_per_request == 0 {
             bail!("--points-per-request must be at least 1");

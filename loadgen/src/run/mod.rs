@@ -155,7 +155,8 @@ async fn prepare(args: &RunArgs, plan: &RunPlan) -> Result<Prepared> {
     .await
     .with_context(|| format!("--target {}", args.target))?;
     connector.extra_headers = plan.headers.clone();
-    let connector = Arc::new(connector);
+    let connector =
+        Arc::new(connector.with_congestion_control(args.congestion_control().map(Arc::from)));
     // Picks this run's id range. Random, not the clock: processes started side by side
     // (--start-at, an indexed Job) prepare in the same millisecond, and equal ranges would
     // overwrite each other's points. (RandomState is seeded randomly per process.)

@@ -227,16 +227,18 @@ fn clients(ca: &std::path::Path, congestion_control: Option<Arc<str>>) -> Result
 /// The congestion control `--client-congestion-control` asks for, checked against the
 /// kernel before anything starts, and how bench.json records it.
 fn client_congestion_control(arg: &str) -> Result<(Option<Arc<str>>, String)> {
-    let host = crate::client::host_congestion_control();
-    if arg == "host" {
-        return Ok((None, format!("the host's default ({host})")));
-    }
-    crate::client::probe_congestion_control(arg)
+    let chosen = crate::client::congestion_control_choice(arg)
         .map_err(|e| anyhow!("--client-congestion-control {e}"))?;
-    Ok((
-        Some(Arc::from(arg)),
-        format!("{arg}, set on every client socket of the timed rows (the host's default: {host})"),
-    ))
+    let host = crate::client::host_congestion_control();
+    let record = match &chosen {
+        None => format!("the host's default ({host})"),
+        Some(name) => {
+            format!(
+                "{name}, set on every client socket of the timed rows (the host's default: {host})"
+            )
+        }
+    };
+    Ok((chosen, record))
 }
 
 /// Raises this process's open-file limit to its hard limit (10,000 idle connections need

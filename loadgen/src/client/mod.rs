@@ -553,36 +553,41 @@ fn grpc_outcome(headers: &::http::HeaderMap) -> Result<(), Failure> {
     }
 }
 
+/// The value of a congestion-control flag that keeps the host's default.
+pub const HOST_CONGESTION_CONTROL: &str = "host";
+
+/// A congestion-control flag's value, checked before anything starts: `None` for
+/// [`HOST_CONGESTION_CONTROL`], else the name once a probe socket took it (the error has the
+/// kernel's reason and how to see what it offers).
+pub fn congestion_control_choice(arg: &str) -> Result<Option<Arc<str>>> {
+    if arg == HOST_CONGESTION_CONTROL {
+        return Ok(None);
+    }
+    let probe = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)
+        .context("a probe socket")?;
+    set_congestion_control(&probe, arg).map_err(|e| {
+        anyhow!(
+            "{arg}: the kernel refused it ({e}); `sysctl net.ipv4.tcp_available_congestion_control` \
+             lists what it offers, or pass `{HOST_CONGESTION_CONTROL}` to keep the host's default ({})",
+            host_congestion_control()
+        )
+    })?;
+    Ok(Some(Arc::from(arg)))
+}
+
+/// The host's default TCP congestion control as the kernel reports it, or "unknown".
+pub fn host_congestion_control() -> String {
+    std::fs::read_to_string("/proc/sys/net/ipv4/tcp_congestion_control")
+        .map(|s| s.trim().to_owned())
+        .unwrap_or_else(|_| "unknown".to_owned())
+}
+
 /// Sets a socket's TCP congestion control (Linux `TCP_CONGESTION`): the kernel refuses a
 /// name it does not offer, or one outside `net.ipv4.tcp_allowed_congestion_control` for a
 /// process without CAP_NET_ADMIN.
 #[cfg(target_os = "linux")]
 pub fn set_congestion_control(socket: &impl std::os::fd::AsFd, name: &str) -> std::io::Result<()> {
     socket2::SockRef::from(socket).set_tcp_congestion(name.as_bytes())
-}
-
-/// Whether the kernel lets this process set `name` on a socket: a probe socket takes it,
-/// or the error says why not and how to see what the kernel offers.
-pub fn probe_congestion_control(name: &str) -> Result<()> {
-    let host = host_congestion_control();
-    let probe = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)
-        .context("a probe socket")?;
-    set_congestion_control(&probe, name).map_err(|e| {
-        anyhow!(
-            "{name}: the kernel refused it ({e}); `sysctl net.ipv4.tcp_available_congestion_control` \
-             lists what it offers, or pass `host` to keep the host's default ({host})"
-        )
-    })
-}
-
-/// The host's default TCP congestion control, as the kernel reports it.
-pub const HOST_CONGESTION_CONTROL: &str = "/proc/sys/net/ipv4/tcp_congestion_control";
-
-/// The host's default TCP congestion control, or "unknown".
-pub fn host_congestion_control() -> String {
-    std::fs::read_to_string(HOST_CONGESTION_CONTROL)
-        .map(|s| s.trim().to_owned())
-        .unwrap_or_else(|_| "unknown".to_owned())
 }
 
 /// Elsewhere there is no per-socket choice to make.

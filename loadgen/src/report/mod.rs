@@ -720,7 +720,7 @@ fn setup_facts(r: &RunResult) -> Vec<(String, String)> {
                 c.kx,
                 c.concurrency,
                 match c.congestion_control.as_deref() {
-                    None | Some("host") => "the host's default",
+                    None | Some(crate::client::HOST_CONGESTION_CONTROL) => "the host's default",
                     Some(name) => name,
                 }
             ),

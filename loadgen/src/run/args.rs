@@ -391,7 +391,7 @@ impl RunArgs {
     pub fn congestion_control(&self) -> Option<&str> {
         self.congestion_control
             .as_deref()
-            .filter(|name| *name != "host")
+            .filter(|name| *name != crate::client::HOST_CONGESTION_CONTROL)
     }
 
     /// Checks what the flags cannot say alone, before anything starts.
@@ -418,8 +418,8 @@ impl RunArgs {
         if self.requests == Some(0) {
             bail!("--requests must be at least 1");
         }
-        if let Some(name) = self.congestion_control() {
-            crate::client::probe_congestion_control(name)
+        if let Some(name) = &self.congestion_control {
+            crate::client::congestion_control_choice(name)
                 .map_err(|e| anyhow::anyhow!("--congestion-control {e}"))?;
         }
         if self.points_per_request == 0 {

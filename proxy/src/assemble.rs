@@ -189,6 +189,7 @@ pub(crate) fn listener_ctx(
         ListenerMode::Http => Mode::Http(Arc::new(HttpForwarder::new(
             upstreams.clone(),
             lp.upstream_protocol,
+            lp.upstream_idle_timeout,
             plan.limits.clone(),
             lm.clone(),
             shared.budget.clone(),

@@ -83,6 +83,10 @@ pub struct Overrides {
     /// How requests reach the upstream in http mode.
     #[arg(long, value_enum)]
     upstream_protocol: Option<UpstreamProtocol>,
+    /// Close idle upstream connections after this (keep it under the upstream's own
+    /// keep-alive timeout; 0s: reuse none). Default 4s, under Qdrant's 5 s.
+    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
+    upstream_idle_timeout: Option<Duration>,
     /// CA certificates (PEM) that `https://` upstream nodes must chain to (default: the
     /// system's trust store).
     #[arg(long, value_name = "FILE")]
@@ -405,6 +409,7 @@ fn apply_listener_flags(cfg: &mut Config, o: &Overrides) -> Result<(), ConfigErr
         || o.cert.is_some()
         || o.key.is_some()
         || o.upstream_protocol.is_some()
+        || o.upstream_idle_timeout.is_some()
         || o.upstream_ca.is_some()
         || !o.proxy_protocol_from.is_empty()
         || o.upstream_server_name.is_some()
@@ -447,6 +452,7 @@ fn apply_listener_flags(cfg: &mut Config, o: &Overrides) -> Result<(), ConfigErr
                 health_check: HealthCheckConfig::default(),
                 mode: ListenerMode::default(),
                 upstream_protocol: UpstreamProtocol::default(),
+                upstream_idle_timeout: crate::config::DEFAULT_UPSTREAM_IDLE_TIMEOUT,
                 upstream_tls: UpstreamTlsConfig::default(),
                 proxy_protocol: None,
                 provider: None,
@@ -490,6 +496,9 @@ fn apply_listener_flags(cfg: &mut Config, o: &Overrides) -> Result<(), ConfigErr
     }
     if let Some(v) = o.upstream_protocol {
         l.upstream_protocol = v;
+    }
+    if let Some(v) = o.upstream_idle_timeout {
+        l.upstream_idle_timeout = v;
     }
     if !o.proxy_protocol_from.is_empty() {
         l.proxy_protocol = Some(ProxyProtocolConfig {
@@ -545,6 +554,33 @@ fn init_logging(level: &str, format: crate::config::LogFormat) {
     }
 }
 
+/// Raises the soft limit on open files to the hard one, as Go's runtime and nginx's
+/// `worker_rlimit_nofile` do: the soft default (1024 under systemd and Docker) caps a proxy
+/// far below `max_connections`, while the hard limit is what the operator allowed. A
+/// container engine or unit then needs no `ulimits` of its own (Docker refuses ulimits above
+/// the host's hard limit). Says so when even the hard limit is below what the connection
+/// limit needs (a client and an upstream descriptor per connection).
+fn raise_open_file_limit(max_connections: usize) {
+    use nix::sys::resource::{getrlimit, setrlimit, Resource};
+    let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE) else {
+        return;
+    };
+    if soft < hard {
+        if let Err(e) = setrlimit(Resource::RLIMIT_NOFILE, hard, hard) {
+            tracing::warn!(soft, hard, error = %e, "cannot raise the open-file limit");
+            return;
+        }
+    }
+    let needed = 2 * max_connections as u64;
+    if hard < needed {
+        tracing::warn!(
+            limit = hard,
+            needed,
+            "the open-file limit is below what limits.max_connections needs (a client and an upstream descriptor each): raise LimitNOFILE / ulimit -n, or lower max_connections"
+        );
+    }
+}
+
 fn run(args: RunArgs) -> ExitCode {
     let config = match resolve(args.config.as_ref(), &args.overrides) {
         Ok(c) => c,
@@ -558,6 +594,7 @@ fn run(args: RunArgs) -> ExitCode {
     if !crate::allocator::keep_connection_buffers() {
         tracing::debug!("allocator thresholds left as they are (set by MALLOC_* or not glibc)");
     }
+    raise_open_file_limit(config.limits.max_connections);
     let mut rt = tokio::runtime::Builder::new_multi_thread();
     rt.enable_all().thread_name("proxy-worker");
     if config.worker_threads > 0 {

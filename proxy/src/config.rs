@@ -69,6 +69,12 @@ pub const DEFAULT_FIRST_REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 /// reader that stopped). At least the upstream response timeout, so a slow upstream gets
 /// its 504 first.
 pub const DEFAULT_STALL_TIMEOUT: Duration = Duration::from_secs(60);
+/// Idle upstream connections are closed after this, unless a listener sets
+/// `upstream_idle_timeout`. An upstream closes idle keep-alive connections on its own clock
+/// (Qdrant's REST server, actix-web, after 5 s; Node and uvicorn after 5 s too); a pooled
+/// connection picked just as the upstream closes it loses the request written to it, so
+/// the pool lets connections go first. Under Qdrant's 5 s with a second to spare.
+pub const DEFAULT_UPSTREAM_IDLE_TIMEOUT: Duration = Duration::from_secs(4);
 /// A connection asked to close (idle, too old, resetting too many streams) that has not
 /// closed by then is closed hard: a client that never acknowledges the GOAWAY's PING, or
 /// never reads the last response, cannot keep its slot.
@@ -87,9 +93,10 @@ pub const DEFAULT_H2_KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(20);
 /// requests per node well; thousands only queue inside it. With the default connection
 /// limit, the floors of both fit the default request buffer budget derived from them.
 pub const DEFAULT_MAX_UPSTREAM_REQUESTS: usize = 512;
-/// Streams a client may cancel before completion (h2 RST_STREAM) before its connection is
-/// closed, once they are also half of its streams: rapid reset at any pace
-/// (CVE-2023-44487) costs the upstream at most this many requests per connection.
+/// Rapid reset (CVE-2023-44487) at any pace: a connection whose premature resets (streams
+/// the client reset within 1 s of opening them, answered or not) are more than half of its
+/// streams, counted over at least this many, gets GOAWAY ENHANCE_YOUR_CALM and is closed.
+/// A flood costs the upstream about half this many requests per connection.
 pub const DEFAULT_H2_MAX_RESET_STREAMS: u64 = 100;
 /// Request bytes the proxy may hold across all connections (HTTP/2 receive windows,
 /// HTTP/1.1 read buffers, bodies on their way upstream); enforced by the flow-control
@@ -475,6 +482,10 @@ fn one_or_many<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<String>, D:
 /// 64-bit set).
 pub const MAX_UPSTREAM_NODES: usize = 64;
 
+fn default_upstream_idle_timeout() -> Duration {
+    DEFAULT_UPSTREAM_IDLE_TIMEOUT
+}
+
 fn default_true() -> bool {
     true
 }
@@ -522,6 +533,11 @@ pub struct ListenerConfig {
     /// Upstream protocol in http mode.
     #[serde(default)]
     pub upstream_protocol: UpstreamProtocol,
+    /// Idle upstream connections (http mode) are closed after this; keep it under the
+    /// upstream's own keep-alive timeout. `0s`: no connection is reused. See
+    /// [`DEFAULT_UPSTREAM_IDLE_TIMEOUT`].
+    #[serde(default = "default_upstream_idle_timeout", with = "humantime_serde")]
+    pub upstream_idle_timeout: Duration,
     /// How `https://` upstream nodes are verified, and the certificate presented to them.
     #[serde(default, skip_serializing_if = "UpstreamTlsConfig::is_unset")]
     pub upstream_tls: UpstreamTlsConfig,

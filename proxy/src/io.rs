@@ -1,7 +1,8 @@
 //! The client socket wrapper ([`CountingIo`]: bytes counted, and read ahead of rustls's
 //! record-sized reads) and the per-connection state the deadlines read: bytes counted for
-//! the metrics, requests in flight, when anything last made progress, and how many streams
-//! the client cancelled. Idle connections are found from these without a timer per read.
+//! the metrics, requests in flight, when anything last made progress, how many requests the
+//! client cancelled, and whether it was flagged for rapid reset (by the HTTP/2 reader that
+//! counts premature resets). Idle connections are found from these without a timer per read.
 
 use std::io;
 use std::pin::Pin;
@@ -71,29 +72,30 @@ pub struct Activity {
     /// True in tcp mode: there are no requests, so any byte is progress. In HTTP mode only
     /// requests and body data are: a PING or a WINDOW_UPDATE keeps nothing alive.
     bytes_are_progress: bool,
-    /// Requests the client may cancel before [`Activity::flooding`] resolves.
-    reset_budget: u64,
     in_flight: AtomicU32,
     started: AtomicU64,
     cancelled: AtomicU64,
-    /// Set once the client has cancelled too many streams; wakes the connection's driver.
+    /// Set once the client has reset too many streams prematurely; wakes the connection's
+    /// driver.
     flooding: AtomicBool,
     flood: Notify,
+    /// What the flood was, for the log: premature resets and streams opened.
+    flood_counts: (AtomicU64, AtomicU64),
 }
 
 impl Activity {
-    /// A fresh tracker, active now. `reset_budget`: see [`Activity::flooding`].
-    pub fn new(bytes_are_progress: bool, reset_budget: u64) -> Arc<Self> {
+    /// A fresh tracker, active now.
+    pub fn new(bytes_are_progress: bool) -> Arc<Self> {
         Arc::new(Self {
             opened: Instant::now(),
             last_ms: AtomicU64::new(0),
             bytes_are_progress,
-            reset_budget,
             in_flight: AtomicU32::new(0),
             started: AtomicU64::new(0),
             cancelled: AtomicU64::new(0),
             flooding: AtomicBool::new(false),
             flood: Notify::new(),
+            flood_counts: (AtomicU64::new(0), AtomicU64::new(0)),
         })
     }
 
@@ -131,27 +133,31 @@ impl Activity {
         self.cancelled.load(Ordering::Relaxed)
     }
 
-    /// Counts a cancelled request: once more than the reset budget were cancelled by the
-    /// client and they are at least half of all its requests, [`Activity::flooding`]
-    /// resolves. Checked on each cancellation, so it costs nothing on connections that never
-    /// cancel.
-    fn note_cancelled(&self) {
-        let cancelled = self.cancelled.fetch_add(1, Ordering::Relaxed) + 1;
-        if cancelled > self.reset_budget
-            && cancelled * 2 >= self.started.load(Ordering::Relaxed)
-            && !self.flooding.swap(true, Ordering::Relaxed)
-        {
+    /// Flags the connection as flooding (rapid reset): `premature` of the `opened` streams
+    /// were reset by the client just after it opened them. [`Activity::flooding`] resolves.
+    pub fn flag_flooding(&self, premature: u64, opened: u64) {
+        self.flood_counts.0.store(premature, Ordering::Relaxed);
+        self.flood_counts.1.store(opened, Ordering::Relaxed);
+        if !self.flooding.swap(true, Ordering::Relaxed) {
             self.flood.notify_one();
         }
     }
 
-    /// Whether the client has cancelled more streams than its budget allows.
+    /// The premature resets and streams opened when the connection was flagged.
+    pub fn flood_counts(&self) -> (u64, u64) {
+        (
+            self.flood_counts.0.load(Ordering::Relaxed),
+            self.flood_counts.1.load(Ordering::Relaxed),
+        )
+    }
+
+    /// Whether the client was flagged for resetting too many streams.
     pub fn is_flooding(&self) -> bool {
         self.flooding.load(Ordering::Relaxed)
     }
 
-    /// Resolves once the client has cancelled more streams than its budget allows (rapid
-    /// reset at any pace).
+    /// Resolves once the client was flagged for resetting too many streams (rapid reset at
+    /// any pace).
     pub async fn flooding(&self) {
         if self.flooding.load(Ordering::Relaxed) {
             return;
@@ -217,7 +223,7 @@ impl Drop for RequestGuard {
         self.activity.in_flight.fetch_sub(1, Ordering::Relaxed);
         self.activity.touch();
         if !self.completed {
-            self.activity.note_cancelled();
+            self.activity.cancelled.fetch_add(1, Ordering::Relaxed);
         }
     }
 }
@@ -425,7 +431,7 @@ mod tests {
     fn counting<T>(inner: T) -> (CountingIo<T>, IntCounter) {
         let read = IntCounter::new("read", "read").unwrap();
         let written = IntCounter::new("written", "written").unwrap();
-        let io = CountingIo::new(inner, read.clone(), written, Activity::new(true, 100));
+        let io = CountingIo::new(inner, read.clone(), written, Activity::new(true));
         (io, read)
     }
 

@@ -20,6 +20,7 @@
 //! - [`admin`] /metrics, /healthz, /readyz and the switch API; [`metrics`] every metric;
 //!   [`access_log`] one line per request; [`ratelog`] rate-limited peer log lines;
 //! - [`allocator`] the C allocator's thresholds, so connections reuse freed buffers;
+//! - `fuzzing` (hidden) the fuzz targets' entry points, with the invariants they check;
 //! - [`launch`] starting a `proxy run` process from typed settings and reading its ready
 //!   file: the one launcher of loadgen, the examples and the tests.
 
@@ -37,6 +38,8 @@ pub mod assemble;
 pub mod cli;
 pub mod config;
 pub mod crypto;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod http;
 pub mod io;
 pub mod launch;

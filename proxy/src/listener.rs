@@ -157,10 +157,7 @@ async fn handle_connection(
     // socket (see `bind`); elsewhere they are set here, five system calls per connection.
     #[cfg(not(target_os = "linux"))]
     let _ = set_connection_options(&stream, &ctx.limits);
-    let activity = Activity::new(
-        matches!(ctx.mode, Mode::Tcp),
-        ctx.limits.h2_max_reset_streams,
-    );
+    let activity = Activity::new(matches!(ctx.mode, Mode::Tcp));
     let started = Instant::now();
     // The PROXY header and the handshake share one deadline: a balancer's header comes
     // with the client's first bytes.

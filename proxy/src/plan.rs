@@ -83,6 +83,8 @@ pub struct ListenerPlan {
     pub health_check: (HealthCheckKind, HealthCheckConfig),
     /// The upstream protocol in http mode.
     pub upstream_protocol: UpstreamProtocol,
+    /// How long idle upstream connections are kept in http mode (zero: none are).
+    pub upstream_idle_timeout: Duration,
     /// How `https://` nodes are verified and what is presented to them; `Some` exactly
     /// when some node is `https://`.
     pub upstream_tls: Option<UpstreamTlsConfig>,
@@ -503,6 +505,7 @@ fn listener_plan(
         balance: lc.balance,
         health_check: (health_kind, hc.clone()),
         upstream_protocol: lc.upstream_protocol,
+        upstream_idle_timeout: lc.upstream_idle_timeout,
         upstream_tls,
         proxy_protocol,
         security_headers: lc.security_headers,

@@ -56,7 +56,7 @@ impl ProxyHeaderError {
 }
 
 /// What a parse of the bytes so far says.
-enum Parsed {
+pub(crate) enum Parsed {
     /// A whole header of `len` bytes; the client's address, or `None` where the header
     /// names none (v1 UNKNOWN, v2 LOCAL such as the balancer's own health checks, or a
     /// non-IP family): the connection's own peer stands.
@@ -69,7 +69,7 @@ enum Parsed {
     Invalid(String),
 }
 
-fn parse(bytes: &[u8]) -> Parsed {
+pub(crate) fn parse(bytes: &[u8]) -> Parsed {
     match HeaderResult::parse(bytes) {
         r if r.is_incomplete() => Parsed::Incomplete,
         HeaderResult::V1(Ok(h)) => Parsed::Complete {

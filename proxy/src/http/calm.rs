@@ -1,6 +1,18 @@
-//! GOAWAY with ENHANCE_YOUR_CALM for clients that reset too many streams.
+//! Rapid reset at any pace: which client streams were reset prematurely, and GOAWAY with
+//! ENHANCE_YOUR_CALM for the connections that reset too many.
 //!
-//! hyper can only close an HTTP/2 connection gracefully (GOAWAY with NO_ERROR); the h2
+//! **Counting.** [`ResetWatch`] follows the frame headers the client sends (under hyper,
+//! nothing copied: a 9-byte header per frame, payloads skipped by their length). A stream
+//! opens with its first HEADERS; an RST_STREAM from the client within
+//! [`PREMATURE_RESET_WINDOW`] of that is premature, whether or not the proxy's answer
+//! already went out (Envoy's rule). Counting only streams whose answer was still pending
+//! missed the paced attack against a fast upstream: every answer left before its reset
+//! arrived, yet every stream cost a task and an upstream request. A connection whose
+//! premature resets pass half of its streams, counted over at least the reset budget
+//! (`h2_max_reset_streams`), is flagged as flooding; a client that cancels a few calls on
+//! deadline never comes near that.
+//!
+//! **Closing.** hyper can only close an HTTP/2 connection gracefully (GOAWAY with NO_ERROR); the h2
 //! crate below it has `abrupt_shutdown(reason)` but hyper does not expose it. RFC 9113
 //! asks for ENHANCE_YOUR_CALM when a peer is abusive, and clients (Go, grpc-java, h2)
 //! treat it as "do not retry on this connection at once". So this wrapper sits under
@@ -12,19 +24,190 @@ use std::io;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::time::Instant;
 
 use crate::io::Activity;
 
 const FRAME_HEADER: usize = 9;
+const HEADERS: u8 = 0x1;
+const RST_STREAM: u8 = 0x3;
 const GOAWAY: u8 = 0x7;
+/// RFC 9113 3.4: what an HTTP/2 client sends before its first frame.
+const CLIENT_PREFACE_LEN: usize = 24;
 /// RFC 9113 7: ENHANCE_YOUR_CALM.
 const ENHANCE_YOUR_CALM: [u8; 4] = 0xb_u32.to_be_bytes();
 
+/// A client stream reset within this long after it opened counts as premature (Envoy's
+/// `premature_reset_min_stream_lifetime_seconds`).
+pub const PREMATURE_RESET_WINDOW: Duration = Duration::from_secs(1);
+/// The resolution of the open times [`ResetWatch`] keeps.
+const OPEN_BUCKET: Duration = Duration::from_millis(50);
+/// Open-time checkpoints kept: more buckets than the window spans, so an evicted one is
+/// always older than the window.
+const CHECKPOINTS: usize = 32;
+const _: () = assert!(
+    (CHECKPOINTS as u128) * OPEN_BUCKET.as_millis() > PREMATURE_RESET_WINDOW.as_millis() + 100
+);
+
+/// Follows the frames a client sends and counts its premature resets (see the module doc).
+///
+/// Client stream ids only grow, so "opened within the window" is "an id above the highest
+/// one opened before the window began". That is kept as checkpoints: per 50 ms bucket in
+/// which streams opened, the highest id opened by then; a fixed array, so the watch
+/// allocates nothing and a busy connection costs one clock read per new stream.
+#[derive(Clone, Debug)]
+pub struct ResetWatch {
+    started: Instant,
+    /// Streams counted at least, before half of them may be premature resets.
+    budget: u64,
+    preface_left: usize,
+    header: [u8; FRAME_HEADER],
+    header_len: usize,
+    payload_left: usize,
+    highest_opened: u32,
+    opened: u64,
+    premature: u64,
+    /// Set for good at the reset that passed the bound: the connection is being closed,
+    /// and nothing it sends afterwards is counted.
+    flooded: bool,
+    /// (bucket, highest id opened by its end), oldest first; `len` of them in use.
+    checkpoints: [(u32, u32); CHECKPOINTS],
+    len: usize,
+    /// The highest id of the checkpoints pushed out: all older than the window.
+    evicted_max: u32,
+}
+
+impl ResetWatch {
+    /// A watch for a connection that starts now. `budget`: see the module doc.
+    pub fn new(budget: u64) -> Self {
+        Self {
+            started: Instant::now(),
+            budget,
+            preface_left: CLIENT_PREFACE_LEN,
+            header: [0; FRAME_HEADER],
+            header_len: 0,
+            payload_left: 0,
+            highest_opened: 0,
+            opened: 0,
+            premature: 0,
+            flooded: false,
+            checkpoints: [(0, 0); CHECKPOINTS],
+            len: 0,
+            evicted_max: 0,
+        }
+    }
+
+    /// Streams the client opened so far.
+    pub fn opened(&self) -> u64 {
+        self.opened
+    }
+
+    /// Streams the client reset within [`PREMATURE_RESET_WINDOW`] of opening them.
+    pub fn premature(&self) -> u64 {
+        self.premature
+    }
+
+    /// Whether the premature resets passed the bound at some reset: more than half of the
+    /// streams opened by then, counted over at least the budget.
+    pub fn is_flood(&self) -> bool {
+        self.flooded
+    }
+
+    /// Follows `bytes` the client sent; true once the connection counts as flooding (and
+    /// from then on, without reading further).
+    pub fn observe(&mut self, bytes: &[u8]) -> bool {
+        if self.flooded {
+            return true;
+        }
+        let mut i = 0;
+        if self.preface_left > 0 {
+            let skip = self.preface_left.min(bytes.len());
+            self.preface_left -= skip;
+            i = skip;
+        }
+        while i < bytes.len() {
+            if self.payload_left > 0 {
+                let skip = self.payload_left.min(bytes.len() - i);
+                self.payload_left -= skip;
+                i += skip;
+                continue;
+            }
+            let take = (FRAME_HEADER - self.header_len).min(bytes.len() - i);
+            self.header[self.header_len..self.header_len + take]
+                .copy_from_slice(&bytes[i..i + take]);
+            self.header_len += take;
+            i += take;
+            if self.header_len < FRAME_HEADER {
+                break;
+            }
+            self.header_len = 0;
+            let h = self.header;
+            self.payload_left =
+                (usize::from(h[0]) << 16) | (usize::from(h[1]) << 8) | usize::from(h[2]);
+            let stream = u32::from_be_bytes([h[5], h[6], h[7], h[8]]) & 0x7fff_ffff;
+            match h[3] {
+                // Ids only grow (RFC 9113 5.1.1): a HEADERS on a lower one is trailers.
+                HEADERS if stream > self.highest_opened => self.opened_stream(stream),
+                RST_STREAM
+                    if stream != 0
+                        && stream <= self.highest_opened
+                        && self.reset_stream(stream) =>
+                {
+                    self.flooded = true;
+                    return true;
+                }
+                _ => {}
+            }
+        }
+        false
+    }
+
+    fn bucket_now(&self) -> u32 {
+        let ms = self.started.elapsed().as_millis() / OPEN_BUCKET.as_millis();
+        u32::try_from(ms).unwrap_or(u32::MAX)
+    }
+
+    fn opened_stream(&mut self, stream: u32) {
+        self.highest_opened = stream;
+        self.opened += 1;
+        let bucket = self.bucket_now();
+        if self.len > 0 && self.checkpoints[self.len - 1].0 == bucket {
+            self.checkpoints[self.len - 1].1 = stream;
+            return;
+        }
+        if self.len == CHECKPOINTS {
+            self.evicted_max = self.evicted_max.max(self.checkpoints[0].1);
+            self.checkpoints.copy_within(1.., 0);
+            self.len -= 1;
+        }
+        self.checkpoints[self.len] = (bucket, stream);
+        self.len += 1;
+    }
+
+    /// Counts a reset of `stream`; true once the connection counts as flooding.
+    fn reset_stream(&mut self, stream: u32) -> bool {
+        let window = (PREMATURE_RESET_WINDOW.as_millis() / OPEN_BUCKET.as_millis()) as u32;
+        // Buckets wholly before the window began: their streams are old enough.
+        let old_before = self.bucket_now().saturating_sub(window);
+        let opened_long_ago = self.checkpoints[..self.len]
+            .iter()
+            .rev()
+            .find(|(bucket, _)| *bucket < old_before)
+            .map_or(self.evicted_max, |(_, id)| (*id).max(self.evicted_max));
+        if stream <= opened_long_ago {
+            return false;
+        }
+        self.premature += 1;
+        self.premature * 2 > self.opened.max(self.budget)
+    }
+}
+
 /// Where the writer is in the server's frame sequence.
 #[derive(Clone, Debug, Default)]
-struct FrameCursor {
+pub(crate) struct FrameCursor {
     header: [u8; FRAME_HEADER],
     header_len: usize,
     /// Payload bytes left in the current frame, and how many of it were already written;
@@ -37,7 +220,7 @@ struct FrameCursor {
 impl FrameCursor {
     /// Advances over `bytes` written; when `patch` is set, returns each (index, byte) of
     /// `bytes` that must be replaced (a GOAWAY's error code).
-    fn advance(&mut self, bytes: &[u8], mut patch: Option<&mut Vec<(usize, u8)>>) {
+    pub(crate) fn advance(&mut self, bytes: &[u8], mut patch: Option<&mut Vec<(usize, u8)>>) {
         let mut i = 0;
         while i < bytes.len() {
             if self.header_len < FRAME_HEADER {
@@ -79,22 +262,26 @@ impl FrameCursor {
     }
 }
 
-/// The HTTP/2 server's I/O: passes everything through, and once `activity` is flooding,
-/// makes its GOAWAY frames say ENHANCE_YOUR_CALM.
+/// The HTTP/2 server's I/O: passes everything through, counts the client's premature
+/// resets as it reads, flags `activity` as flooding when they pass the bound, and from then
+/// on makes the server's GOAWAY frames say ENHANCE_YOUR_CALM.
 #[derive(Debug)]
 pub struct CalmIo<T> {
     inner: T,
     activity: Arc<Activity>,
+    resets: ResetWatch,
     cursor: FrameCursor,
     scratch: Vec<u8>,
 }
 
 impl<T> CalmIo<T> {
-    /// Wraps the decrypted stream of an HTTP/2 connection.
-    pub fn new(inner: T, activity: Arc<Activity>) -> Self {
+    /// Wraps the decrypted stream of an HTTP/2 connection; `reset_budget`: see the module
+    /// doc.
+    pub fn new(inner: T, activity: Arc<Activity>, reset_budget: u64) -> Self {
         Self {
             inner,
             activity,
+            resets: ResetWatch::new(reset_budget),
             cursor: FrameCursor::default(),
             scratch: Vec::new(),
         }
@@ -107,7 +294,17 @@ impl<T: AsyncRead + Unpin> AsyncRead for CalmIo<T> {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_read(cx, buf)
+        let this = &mut *self;
+        let before = buf.filled().len();
+        let res = Pin::new(&mut this.inner).poll_read(cx, buf);
+        if matches!(res, Poll::Ready(Ok(()))) && !this.activity.is_flooding() {
+            let read = &buf.filled()[before..];
+            if this.resets.observe(read) {
+                this.activity
+                    .flag_flooding(this.resets.premature(), this.resets.opened());
+            }
+        }
+        res
     }
 }
 
@@ -230,6 +427,110 @@ mod tests {
             at += chunk.len();
         }
         out
+    }
+
+    fn client_frame(kind: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
+        let mut f = frame(kind, payload);
+        f[5..9].copy_from_slice(&stream.to_be_bytes());
+        f
+    }
+
+    fn headers(stream: u32) -> Vec<u8> {
+        client_frame(HEADERS, stream, &[0x82, 0x87])
+    }
+
+    fn reset(stream: u32) -> Vec<u8> {
+        client_frame(RST_STREAM, stream, &8u32.to_be_bytes())
+    }
+
+    /// A watch that has seen the client preface and an empty SETTINGS.
+    fn watch_after_preface(budget: u64) -> ResetWatch {
+        let mut w = ResetWatch::new(budget);
+        let mut start = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+        start.extend(frame(0x4, &[]));
+        assert!(!w.observe(&start));
+        w
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn streams_reset_after_their_answer_still_count_and_trip_past_half_the_budget() {
+        // Batches of 50 HEADERS, then 50 RST_STREAMs (the paced attack); the watch sees
+        // frames only, so whether an answer went out in between changes nothing.
+        let mut w = watch_after_preface(100);
+        let mut tripped_at = None;
+        'batches: for batch in 0..40u32 {
+            for i in 0..50 {
+                assert!(!w.observe(&headers(2 * (batch * 50 + i) + 1)));
+            }
+            tokio::time::advance(Duration::from_millis(5)).await;
+            for i in 0..50 {
+                if w.observe(&reset(2 * (batch * 50 + i) + 1)) {
+                    tripped_at = Some(w.premature());
+                    break 'batches;
+                }
+            }
+        }
+        assert_eq!(
+            tripped_at,
+            Some(51),
+            "more than half of at least 100 streams"
+        );
+        assert_eq!(w.opened(), 100);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_client_that_cancels_some_calls_on_deadline_is_never_flagged() {
+        // 2,000 calls, every 5th cancelled 300 ms after it opened (a short deadline: still
+        // premature), the others answered and never reset.
+        let mut w = watch_after_preface(100);
+        for i in 0..2000u32 {
+            let id = 2 * i + 1;
+            assert!(!w.observe(&headers(id)));
+            if i % 5 == 0 {
+                tokio::time::advance(Duration::from_millis(300)).await;
+                assert!(!w.observe(&reset(id)), "flagged after {i} calls");
+            }
+        }
+        assert_eq!(w.premature(), 400);
+        assert!(!w.is_flood());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_reset_after_the_window_is_not_premature_even_past_the_checkpoints() {
+        let mut w = watch_after_preface(0);
+        // Streams opened in 60 different buckets over 3 s: more than the checkpoints hold.
+        for i in 0..60u32 {
+            assert!(!w.observe(&headers(2 * i + 1)));
+            tokio::time::advance(Duration::from_millis(50)).await;
+        }
+        // The first ones are long past the window (their checkpoints were evicted), the
+        // ones opened 1.1 s ago too; the last one opened 50 ms ago.
+        assert!(!w.observe(&reset(1)));
+        assert!(!w.observe(&reset(2 * 36 + 1)));
+        assert_eq!(w.premature(), 0);
+        assert!(
+            !w.observe(&reset(2 * 59 + 1)),
+            "one premature reset of 60 is not half"
+        );
+        assert_eq!(w.premature(), 1);
+    }
+
+    #[test]
+    fn frames_split_anywhere_are_followed_the_same() {
+        let mut stream = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+        for i in 0..30u32 {
+            stream.extend(headers(2 * i + 1));
+            stream.extend(client_frame(0x0, 2 * i + 1, &[0u8; 300])); // DATA
+            stream.extend(reset(2 * i + 1));
+            stream.extend(reset(999)); // never opened: not counted
+        }
+        for step in [1, 2, 7, 9, 10, 301, stream.len()] {
+            let mut w = ResetWatch::new(100);
+            for chunk in stream.chunks(step) {
+                w.observe(chunk);
+            }
+            assert_eq!((w.opened(), w.premature()), (30, 30), "step {step}");
+        }
     }
 
     #[test]

@@ -8,7 +8,7 @@
 
 mod body;
 mod budget;
-mod calm;
+pub(crate) mod calm;
 mod errors;
 
 use std::future::Future;
@@ -56,8 +56,6 @@ const RESET_FLOOD_DRAIN: Duration = Duration::from_secs(1);
 /// Idle upstream connections kept per upstream: one per client connection in flight at a
 /// typical benchmark concurrency, so keep-alive upstream reuse is the norm.
 const UPSTREAM_POOL_MAX_IDLE: usize = 256;
-/// Idle upstream connections are closed after this, well under Qdrant's own keep-alive.
-const UPSTREAM_POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Oversized HTTP/1.1 bodies up to this size are read and discarded before the 413 so the
 /// client sees the answer; larger ones just get the answer and a closed connection.
@@ -104,6 +102,7 @@ impl HttpForwarder {
     pub fn new(
         pool: Arc<UpstreamPool>,
         protocol: UpstreamProtocol,
+        idle_timeout: Duration,
         limits: Limits,
         metrics: ListenerMetrics,
         budget: Arc<BufferBudget>,
@@ -116,10 +115,20 @@ impl HttpForwarder {
         connector.set_connect_timeout(Some(limits.upstream_connect_timeout));
         let tls = pool.tls();
         let handshake_timeout = limits.upstream_connect_timeout;
+        // The pool lets an idle connection go before the upstream would close it (see
+        // `DEFAULT_UPSTREAM_IDLE_TIMEOUT`): hyper checks the idle time when it picks one.
+        // Zero keeps none. A request hyper never wrote to a pooled connection that turned
+        // out closed is sent again on a new one (hyper-util's retry of canceled requests,
+        // on by default); one that was written is never sent twice.
+        let max_idle = if idle_timeout.is_zero() {
+            0
+        } else {
+            UPSTREAM_POOL_MAX_IDLE
+        };
         // The write queues are part of the request buffer budget (see `budget`).
         let http1 = Client::builder(TokioExecutor::new())
-            .pool_idle_timeout(UPSTREAM_POOL_IDLE_TIMEOUT)
-            .pool_max_idle_per_host(UPSTREAM_POOL_MAX_IDLE)
+            .pool_idle_timeout(idle_timeout)
+            .pool_max_idle_per_host(max_idle)
             .pool_timer(TokioTimer::new())
             .http1_max_buf_size(crate::config::UPSTREAM_WRITE_BUFFER)
             .build(UpstreamConnector::http1(
@@ -132,7 +141,8 @@ impl HttpForwarder {
             .http2_initial_stream_window_size(H2_STREAM_WINDOW)
             .http2_initial_connection_window_size(H2_CONNECTION_WINDOW)
             .http2_max_send_buf_size(crate::config::UPSTREAM_WRITE_BUFFER)
-            .pool_idle_timeout(UPSTREAM_POOL_IDLE_TIMEOUT)
+            .pool_idle_timeout(idle_timeout)
+            .pool_max_idle_per_host(max_idle)
             .pool_timer(TokioTimer::new())
             .timer(TokioTimer::new())
             .build(UpstreamConnector::h2(
@@ -204,7 +214,11 @@ impl HttpForwarder {
         };
         let limits = &self.limits;
         if h2 {
-            let io = TokioIo::new(calm::CalmIo::new(io, activity.clone()));
+            let io = TokioIo::new(calm::CalmIo::new(
+                io,
+                activity.clone(),
+                limits.h2_max_reset_streams,
+            ));
             // Held for the connection's life: its window is reserved from the budget.
             let grant = self.budget.grant_h2_window();
             let window = grant.connection_window();
@@ -268,7 +282,20 @@ impl HttpForwarder {
         let mut draining = false;
         loop {
             let (reason, drain_for) = tokio::select! {
-                res = conn.as_mut() => return res,
+                res = conn.as_mut() => {
+                    if !closing && res.as_ref().is_err_and(is_h2_reset_flood) {
+                        // h2's own limit on streams the client reset before they were
+                        // accepted: a burst, which it ends with ENHANCE_YOUR_CALM before
+                        // the premature-reset count is reached. The same attack, counted
+                        // under the same reason.
+                        self.metrics.connection_closed("reset_flood");
+                        crate::peer_warn!(
+                            listener = %self.metrics.name(),
+                            "client reset a burst of streams before they were accepted (rapid reset): h2 closed its connection"
+                        );
+                    }
+                    return res;
+                }
                 _ = shutdown.cancelled(), if !closing => {
                     // The process's shutdown grace bounds this drain.
                     closing = true;
@@ -285,11 +312,13 @@ impl HttpForwarder {
                 }
                 _ = &mut max_age, if !closing => ("max_age", limits.drain_timeout),
                 _ = activity.flooding(), if !closing => {
+                    let (premature, opened) = activity.flood_counts();
                     crate::peer_warn!(
                         listener = %self.metrics.name(),
+                        premature_resets = premature,
+                        streams = opened,
                         cancelled = activity.requests_cancelled(),
-                        started = activity.requests_started(),
-                        "client cancelled too many streams (rapid reset): closing its connection"
+                        "client reset too many streams just after opening them (rapid reset): closing its connection"
                     );
                     ("reset_flood", RESET_FLOOD_DRAIN.min(limits.drain_timeout))
                 }
@@ -444,45 +473,18 @@ impl HttpForwarder {
         let mut slot = UpstreamSlot::new(permit, self.metrics.upstream_in_flight.clone());
         let (mut parts, body) = req.into_parts();
         let client_is_h2 = parts.version == Version::HTTP_2;
-        let client_authority = parts.uri.authority().cloned();
         let path_and_query = parts
             .uri
             .path_and_query()
             .cloned()
             .unwrap_or_else(|| http::uri::PathAndQuery::from_static("/"));
-        let keep_te_trailers = use_h2c && te_is_trailers(&parts.headers);
-        strip_hop_by_hop(&mut parts.headers);
-        if keep_te_trailers {
-            // gRPC servers require "te: trailers" on HTTP/2; it is the one TE value allowed.
-            parts
-                .headers
-                .insert(header::TE, HeaderValue::from_static("trailers"));
-        }
-        if use_h2c {
-            // HTTP/2 names the host in :authority (from the URI) and nowhere else: a host
-            // header beside it is a "duplicate host" 400 for nginx and others.
-            parts.headers.remove(header::HOST);
-        } else if !parts.headers.contains_key(header::HOST) {
-            // An HTTP/2 client named the host in :authority; an HTTP/1.1 upstream needs Host.
-            let host = client_authority
-                .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
-                .or_else(|| {
-                    HeaderValue::from_str(self.pool.nodes()[0].addr().authority.as_str()).ok()
-                });
-            if let Some(host) = host {
-                parts.headers.insert(header::HOST, host);
-            }
-        }
-        set_forwarded_for(&mut parts.headers, &client.peer_ip, client.peer_trusted);
-        parts.headers.insert(
-            HeaderName::from_static("x-forwarded-proto"),
-            HeaderValue::from_static("https"),
+        rewrite_head(
+            &mut parts,
+            use_h2c,
+            &self.pool.nodes()[0].addr().authority,
+            &client.peer_ip,
+            client.peer_trusted,
         );
-        parts.version = if use_h2c {
-            Version::HTTP_2
-        } else {
-            Version::HTTP_11
-        };
         let upstream_client = if use_h2c { &self.h2c } else { &self.http1 };
 
         // Nodes tried so far (bit i: node i); only a failed connect moves on to another.
@@ -660,6 +662,65 @@ impl hyper::service::Service<Request<Incoming>> for ForwardService {
     }
 }
 
+/// Whether hyper's connection ended because h2 sent GOAWAY ENHANCE_YOUR_CALM itself.
+fn is_h2_reset_flood(e: &hyper::Error) -> bool {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(s) = source {
+        if let Some(h2) = s.downcast_ref::<h2::Error>() {
+            return h2.is_go_away()
+                && !h2.is_remote()
+                && h2.reason() == Some(h2::Reason::ENHANCE_YOUR_CALM);
+        }
+        source = s.source();
+    }
+    false
+}
+
+/// The client's request head as the upstream gets it: hop-by-hop headers gone (but `te:
+/// trailers`, which gRPC over HTTP/2 requires), the host where the upstream's protocol
+/// names it (`:authority` alone on h2c; `Host` on HTTP/1.1, from the client's
+/// `:authority` or else `first_node`), X-Forwarded-For and X-Forwarded-Proto set, and the
+/// upstream protocol's version. The URI is the caller's to set per node.
+pub(crate) fn rewrite_head(
+    parts: &mut http::request::Parts,
+    use_h2c: bool,
+    first_node: &http::uri::Authority,
+    peer_ip: &HeaderValue,
+    peer_trusted: bool,
+) {
+    let keep_te_trailers = use_h2c && te_is_trailers(&parts.headers);
+    strip_hop_by_hop(&mut parts.headers);
+    if keep_te_trailers {
+        parts
+            .headers
+            .insert(header::TE, HeaderValue::from_static("trailers"));
+    }
+    if use_h2c {
+        // HTTP/2 names the host in :authority (from the URI) and nowhere else: a host
+        // header beside it is a "duplicate host" 400 for nginx and others.
+        parts.headers.remove(header::HOST);
+    } else if !parts.headers.contains_key(header::HOST) {
+        let host = parts
+            .uri
+            .authority()
+            .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
+            .or_else(|| HeaderValue::from_str(first_node.as_str()).ok());
+        if let Some(host) = host {
+            parts.headers.insert(header::HOST, host);
+        }
+    }
+    set_forwarded_for(&mut parts.headers, peer_ip, peer_trusted);
+    parts.headers.insert(
+        HeaderName::from_static("x-forwarded-proto"),
+        HeaderValue::from_static("https"),
+    );
+    parts.version = if use_h2c {
+        Version::HTTP_2
+    } else {
+        Version::HTTP_11
+    };
+}
+
 fn is_grpc(headers: &HeaderMap) -> bool {
     headers
         .get(header::CONTENT_TYPE)
@@ -715,15 +776,19 @@ fn te_is_trailers(headers: &HeaderMap) -> bool {
 
 /// Hop-by-hop headers (RFC 9110 7.6.1) describe one connection and must not be forwarded,
 /// nor any header the Connection header names.
-fn strip_hop_by_hop(headers: &mut HeaderMap) {
-    let named: Vec<HeaderName> = headers
+/// The headers a `Connection` header names: hop-by-hop for this connection only.
+pub(crate) fn connection_named(headers: &HeaderMap) -> Vec<HeaderName> {
+    headers
         .get_all(header::CONNECTION)
         .iter()
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(','))
         .filter_map(|t| HeaderName::from_bytes(t.trim().as_bytes()).ok())
-        .collect();
-    for name in named {
+        .collect()
+}
+
+fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    for name in connection_named(headers) {
         headers.remove(name);
     }
     for name in [

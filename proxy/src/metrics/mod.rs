@@ -354,7 +354,7 @@ impl Metrics {
         );
         let connection_closes = r.counter_vec(
             "proxy_connection_closes_total",
-            "Client connections the proxy closed on a deadline or a limit, by reason (no_first_request, idle, stalled, max_age, reset_flood; drain_deadline: still open after the drain timeout, closed hard).",
+            "Client connections the proxy closed on a deadline or a limit, by reason (no_first_request, idle, stalled, max_age; reset_flood: rapid reset, more than half of its streams reset by the client within 1 s of opening them; drain_deadline: still open after the drain timeout, closed hard).",
             &["listener", "reason"],
         );
         let upstream_rejected = r.counter_vec(

@@ -326,14 +326,32 @@ fn compose_file_is_valid_and_agrees_with_the_binaries() {
         services["qdrant"].get("ports").is_none(),
         "qdrant publishes ports"
     );
-    // Qdrant beside the proxy: in its network namespace, on loopback only, with an API key
-    // generated into a volume that only Qdrant, the generator and loadgen mount.
+    // Qdrant on a network of its own, internal (no route out), shared with the proxy alone
+    // (it once shared the proxy's network namespace and both bound 6333/6334 there), with
+    // an API key generated into a volume that only Qdrant, the generator and loadgen mount.
     let qdrant = &services["qdrant"];
-    assert_eq!(qdrant["network_mode"], "service:proxy", "{qdrant}");
-    assert_eq!(
-        qdrant["environment"]["QDRANT__SERVICE__HOST"], "127.0.0.1",
-        "{qdrant}"
-    );
+    assert!(qdrant.get("network_mode").is_none(), "{qdrant}");
+    let qdrant_networks: Vec<&String> = qdrant["networks"]
+        .as_object()
+        .expect("qdrant's networks")
+        .keys()
+        .collect();
+    assert_eq!(qdrant_networks, ["qdrant"]);
+    assert_eq!(c["networks"]["qdrant"]["internal"], true);
+    let on_qdrant_network: Vec<&String> = services
+        .iter()
+        .filter(|(_, s)| s["networks"].get("qdrant").is_some())
+        .map(|(name, _)| name)
+        .collect();
+    assert_eq!(on_qdrant_network, ["proxy", "qdrant"]);
+    // The project's containers: read-only, no capabilities, no privilege escalation; no
+    // ulimits a host with a lower hard limit would refuse.
+    for name in ["certs", "proxy"] {
+        let s = &services[name];
+        assert_eq!(s["read_only"], true, "{name}");
+        assert_eq!(strings(&s["cap_drop"]), ["ALL"], "{name}");
+        assert!(s.get("ulimits").is_none(), "{name}");
+    }
     let qdrant_start = strings(&qdrant["command"]).join(" ");
     let key_file = "/run/secrets/vector-tls-proxy/qdrant-api-key";
     // `$$` is compose's escape for the shell's `$`: docker-compose config keeps it.
@@ -376,8 +394,8 @@ fn compose_file_is_valid_and_agrees_with_the_binaries() {
         .map(|l| l["upstream"].as_str().unwrap())
     {
         assert!(
-            upstream.starts_with("http://127.0.0.1:"),
-            "{upstream}: not Qdrant's loopback"
+            upstream.starts_with("http://qdrant:"),
+            "{upstream}: not the qdrant service"
         );
     }
     assert_eq!(published, [ports[0] as u64, ports[1] as u64]);

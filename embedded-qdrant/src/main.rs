@@ -39,14 +39,29 @@ use tokio_util::sync::CancellationToken;
 #[derive(Debug, Parser)]
 #[command(name = "embedded-qdrant", version, about)]
 struct Args {
-    /// REST (HTTP/1.1) listen address.
-    #[arg(long, default_value = "127.0.0.1:6333")]
-    rest: SocketAddr,
-    /// gRPC (HTTP/2 cleartext) listen address.
-    #[arg(long, default_value = "127.0.0.1:6334")]
-    grpc: SocketAddr,
-    /// Data folder (created if missing); collections persist here across restarts.
-    #[arg(long, default_value = "./embedded-qdrant-data")]
+    /// REST (HTTP/1.1) listen address (default: `--host` and `--http-port`).
+    #[arg(long)]
+    rest: Option<SocketAddr>,
+    /// gRPC (HTTP/2 cleartext) listen address (default: `--host` and `--grpc-port`).
+    #[arg(long)]
+    grpc: Option<SocketAddr>,
+    /// The address both ports bind to, as Qdrant's `service.host` (Qdrant's own default
+    /// is 0.0.0.0; this one stays on loopback unless told).
+    #[arg(long, env = "QDRANT__SERVICE__HOST", default_value = "127.0.0.1")]
+    host: std::net::IpAddr,
+    /// The REST port, as Qdrant's `service.http_port`.
+    #[arg(long, env = "QDRANT__SERVICE__HTTP_PORT", default_value_t = 6333)]
+    http_port: u16,
+    /// The gRPC port, as Qdrant's `service.grpc_port`.
+    #[arg(long, env = "QDRANT__SERVICE__GRPC_PORT", default_value_t = 6334)]
+    grpc_port: u16,
+    /// Data folder (created if missing); collections persist here across restarts. As
+    /// Qdrant's `storage.storage_path`.
+    #[arg(
+        long,
+        env = "QDRANT__STORAGE__STORAGE_PATH",
+        default_value = "./embedded-qdrant-data"
+    )]
     data: PathBuf,
     /// Write the bound addresses as JSON here once listening (useful with port 0).
     #[arg(long)]
@@ -114,12 +129,18 @@ async fn run(args: Args) -> anyhow::Result<()> {
         store::Store::open(&args.data)
     })?);
     let operation_ids = Arc::new(AtomicU64::new(0));
-    let rest_listener = tokio::net::TcpListener::bind(args.rest)
+    let rest = args
+        .rest
+        .unwrap_or(SocketAddr::new(args.host, args.http_port));
+    let grpc = args
+        .grpc
+        .unwrap_or(SocketAddr::new(args.host, args.grpc_port));
+    let rest_listener = tokio::net::TcpListener::bind(rest)
         .await
-        .map_err(|e| anyhow::anyhow!("--rest {}: {e}", args.rest))?;
-    let grpc_listener = tokio::net::TcpListener::bind(args.grpc)
+        .map_err(|e| anyhow::anyhow!("REST on {rest}: {e}"))?;
+    let grpc_listener = tokio::net::TcpListener::bind(grpc)
         .await
-        .map_err(|e| anyhow::anyhow!("--grpc {}: {e}", args.grpc))?;
+        .map_err(|e| anyhow::anyhow!("gRPC on {grpc}: {e}"))?;
     let rest_addr = rest_listener.local_addr()?;
     let grpc_addr = grpc_listener.local_addr()?;
     let shutdown = CancellationToken::new();

@@ -7,6 +7,7 @@
 #![allow(dead_code)]
 
 mod client;
+mod containers;
 mod loadgen_run;
 mod prometheus_server;
 mod proxy_process;
@@ -14,6 +15,7 @@ mod qdrant;
 mod upstreams;
 
 pub use client::*;
+pub use containers::*;
 pub use loadgen_run::*;
 pub use prometheus_server::*;
 pub use proxy_process::*;

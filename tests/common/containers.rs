@@ -1,0 +1,227 @@
+//! The container engine for the tests that start the shipped deployments for real: Docker
+//! Engine and its Compose tool, images built on this machine (no registry is reachable),
+//! and a compose project that is brought down with its volumes when its handle drops.
+//!
+//! Where no engine answers, a test says so and skips; with `VTP_REQUIRE_CONTAINERS=1`
+//! (which `.ci/run` sets) that is a failure instead, so CI always runs them.
+
+#[allow(unused_imports)]
+use super::*;
+
+/// The images the container tests run: the project's own (from the binaries this test
+/// build made) and the stand-ins for images that cannot be pulled here.
+#[derive(Clone, Debug)]
+pub struct TestImages {
+    /// The proxy alone (`proxy` target of deploy/container/Containerfile.prebuilt).
+    pub proxy: String,
+    /// loadgen and embedded-qdrant (`tools` target).
+    pub tools: String,
+    /// embedded-qdrant under Qdrant's image contract: `./entrypoint.sh` in /qdrant, the
+    /// `QDRANT__SERVICE__*` variables, storage in /qdrant/storage (a test double for
+    /// qdrant/qdrant, which cannot be pulled here).
+    pub qdrant: String,
+    /// Prometheus from Debian's package (for prom/prometheus).
+    pub prometheus: String,
+    /// The local Debian base with systemd as PID 1.
+    pub systemd_base: String,
+}
+
+/// Whether a container engine answers. If not: with `VTP_REQUIRE_CONTAINERS=1` the test
+/// fails, else it prints why it skips and returns false.
+pub fn containers_available(test: &str) -> bool {
+    let info = Command::new("docker")
+        .args(["info", "--format", "{{.ServerVersion}}"])
+        .output();
+    let why = match info {
+        Ok(out) if out.status.success() => {
+            let compose = Command::new("docker-compose").arg("version").output();
+            match compose {
+                Ok(c) if c.status.success() => return true,
+                _ => "docker-compose is not installed".to_owned(),
+            }
+        }
+        Ok(out) => String::from_utf8_lossy(&out.stderr).trim().to_owned(),
+        Err(e) => format!("docker: {e}"),
+    };
+    if std::env::var("VTP_REQUIRE_CONTAINERS").as_deref() == Ok("1") {
+        panic!("{test}: no container engine ({why}), and VTP_REQUIRE_CONTAINERS=1");
+    }
+    eprintln!("{test}: SKIPPED: no container engine ({why})");
+    false
+}
+
+/// Runs `cmd`, failing the test with its output if it fails; its stdout.
+pub fn run_ok(cmd: &mut Command, what: &str) -> String {
+    let out = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("{what}: cannot run: {e}"));
+    assert!(
+        out.status.success(),
+        "{what} failed ({}):\n{}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn repo_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("repo")
+        .to_path_buf()
+}
+
+/// Builds the images once per test process: the local bases, the project's images from
+/// this build's binaries (deploy/container/build-images.sh), and the stand-ins.
+pub fn test_images() -> &'static TestImages {
+    static IMAGES: OnceLock<TestImages> = OnceLock::new();
+    IMAGES.get_or_init(|| {
+        let root = repo_root();
+        let bin_dir = binary("proxy")
+            .parent()
+            .expect("the binaries' folder")
+            .to_path_buf();
+        let built = run_ok(
+            Command::new(root.join("deploy/container/build-images.sh"))
+                .args(["--bin-dir", bin_dir.to_str().expect("utf-8 path")])
+                .args(["--tag", "test"]),
+            "deploy/container/build-images.sh",
+        );
+        let names: Vec<&str> = built.lines().collect();
+        assert_eq!(names.len(), 2, "build-images.sh printed {built}");
+        let bases = run_ok(
+            Command::new(root.join("deploy/container/base-image.sh")).arg("systemd"),
+            "deploy/container/base-image.sh systemd",
+        );
+        let systemd_base = bases.lines().last().expect("the systemd base").to_owned();
+        let base = bases.lines().next().expect("the base").to_owned();
+
+        // The stand-ins, each from a Containerfile of tests/containers.
+        let ctx = temp_dir("image-context");
+        std::fs::copy("/usr/bin/prometheus", ctx.join("prometheus"))
+            .expect("Debian's prometheus package (installed by .ci/run)");
+        let stand_in = |file: &str, tag: &str| {
+            run_ok(
+                Command::new("docker")
+                    .args(["build", "-q", "-t", tag, "-f"])
+                    .arg(root.join("tests/containers").join(file))
+                    .args(["--build-arg", &format!("TOOLS_IMAGE={}", names[1])])
+                    .args(["--build-arg", &format!("BASE_IMAGE={base}")])
+                    .arg(&ctx),
+                &format!("docker build {file}"),
+            );
+            tag.to_owned()
+        };
+        TestImages {
+            proxy: names[0].to_owned(),
+            tools: names[1].to_owned(),
+            qdrant: stand_in("Containerfile.qdrant", "vector-tls-proxy-test/qdrant:test"),
+            prometheus: stand_in(
+                "Containerfile.prometheus",
+                "vector-tls-proxy-test/prometheus:test",
+            ),
+            systemd_base,
+        }
+    })
+}
+
+/// A compose project started from the shipped file(s), brought down with its volumes and
+/// orphans when dropped.
+pub struct ComposeProject {
+    /// The project name (`-p`): unique per test.
+    pub name: String,
+    dir: PathBuf,
+    files: Vec<PathBuf>,
+    env: Vec<(String, String)>,
+}
+
+impl ComposeProject {
+    /// A project over `files` (the first names the project directory), with `env` for the
+    /// file's variables.
+    pub fn new(name: &str, files: &[PathBuf], env: &[(&str, String)]) -> Self {
+        Self {
+            name: format!("{name}-{}", std::process::id()),
+            dir: files[0].parent().expect("compose dir").to_path_buf(),
+            files: files.to_vec(),
+            env: env
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), v.clone()))
+                .collect(),
+        }
+    }
+
+    /// `docker-compose -p NAME -f ... ARGS`, unchecked.
+    pub fn command(&self, args: &[&str]) -> Command {
+        let mut cmd = Command::new("docker-compose");
+        cmd.current_dir(&self.dir)
+            .args(["--ansi", "never", "-p", &self.name]);
+        for f in &self.files {
+            cmd.arg("-f").arg(f);
+        }
+        cmd.args(args);
+        for (k, v) in &self.env {
+            cmd.env(k, v);
+        }
+        cmd
+    }
+
+    /// `docker-compose ARGS`, which must succeed; its stdout.
+    pub fn ok(&self, args: &[&str]) -> String {
+        run_ok(
+            &mut self.command(args),
+            &format!("docker-compose {}", args.join(" ")),
+        )
+    }
+
+    /// The container id of `service`.
+    pub fn container(&self, service: &str) -> String {
+        self.ok(&["ps", "-q", service]).trim().to_owned()
+    }
+
+    /// The logs of every service, for a failure's message.
+    pub fn logs(&self) -> String {
+        let out = self
+            .command(&["logs", "--no-color", "--tail", "60"])
+            .output();
+        out.map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+            .unwrap_or_default()
+    }
+
+    /// What Docker still holds of this project: containers, volumes, networks.
+    pub fn leftovers(&self) -> Vec<String> {
+        let label = format!("label=com.docker.compose.project={}", self.name);
+        let mut left = Vec::new();
+        for (kind, args) in [
+            ("container", vec!["ps", "-a", "-q", "--filter", &label]),
+            ("volume", vec!["volume", "ls", "-q", "--filter", &label]),
+            ("network", vec!["network", "ls", "-q", "--filter", &label]),
+        ] {
+            let out = Command::new("docker").args(&args).output().expect("docker");
+            for id in String::from_utf8_lossy(&out.stdout).split_whitespace() {
+                left.push(format!("{kind} {id}"));
+            }
+        }
+        left
+    }
+
+    /// `down -v --remove-orphans`, which must succeed and leave nothing behind.
+    pub fn down(&self) {
+        self.ok(&["down", "-v", "--remove-orphans", "-t", "10"]);
+        let left = self.leftovers();
+        assert!(left.is_empty(), "down -v left {left:?}");
+    }
+}
+
+impl Drop for ComposeProject {
+    fn drop(&mut self) {
+        let _ = self
+            .command(&["down", "-v", "--remove-orphans", "-t", "5"])
+            .output();
+    }
+}
+
+/// A TCP port on the host's loopback that was free a moment ago.
+pub fn free_port() -> u16 {
+    free_loopback_addr().port()
+}

@@ -871,6 +871,15 @@ fn systemd_keeps_qdrant_on_loopback_behind_a_key() {
         "config/proxy.toml forwards where the drop-in puts Qdrant"
     );
     assert_config_checks(&config_text, "config/proxy.toml");
+    // The unit shipped for Qdrant's own packages (which have none) puts Qdrant exactly
+    // where the drop-in does.
+    let qdrant_unit = unit_settings("deploy/systemd/qdrant.service");
+    for setting in drop_in.iter().filter(|(k, _)| k.starts_with("Environment")) {
+        assert!(
+            qdrant_unit.contains(setting),
+            "deploy/systemd/qdrant.service lacks {setting:?}"
+        );
+    }
     let unit = unit_settings("deploy/systemd/vector-tls-proxy.service");
     let exec = |key: &str| {
         unit.iter()
@@ -880,6 +889,8 @@ fn systemd_keeps_qdrant_on_loopback_behind_a_key() {
     };
     let config_path = "/etc/vector-tls-proxy/proxy.toml";
     assert!(exec("ExecStartPre").ends_with(&format!("check-config {config_path}")));
+    // A reload checks the file before the SIGHUP (the first ExecReload= line).
+    assert!(exec("ExecReload").ends_with(&format!("check-config {config_path}")));
     assert!(exec("ExecStart").ends_with(&format!("run --config {config_path}")));
     assert!(exec("After").contains("qdrant.service"));
 }

@@ -24,9 +24,11 @@ command -v debootstrap >/dev/null || {
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends debootstrap >/dev/null
 }
 
-# rootfs NAME PACKAGES: a cached tarball of bookworm minbase with PACKAGES.
+# rootfs NAME PACKAGES: a cached tarball of bookworm minbase with PACKAGES (named by their
+# list, so a changed list makes a new one).
 rootfs() {
-  local name="$1" packages="$2" tarball="$cache/$1.tar"
+  local name="$1-$(printf '%s' "$2" | sha256sum | cut -c1-8)" packages="$2"
+  local tarball="$cache/$name.tar"
   if [ -f "$tarball" ]; then
     echo "$tarball"
     return
@@ -36,8 +38,8 @@ rootfs() {
   debootstrap --variant=minbase --include="$packages" bookworm "$dir" "$mirror" >"$cache/$name.log" 2>&1 \
     || { tail -20 "$cache/$name.log" >&2; rm -rf "$dir"; exit 1; }
   # The proxy's user (uid 10001, as in the Containerfile) and the folders it writes.
-  chroot "$dir" groupadd --system --gid 10001 vtp
-  chroot "$dir" useradd --system --uid 10001 --gid vtp --no-create-home --home-dir /nonexistent vtp
+  chroot "$dir" groupadd --system --gid 10001 vtp 2>/dev/null
+  chroot "$dir" useradd --system --uid 10001 --gid vtp --no-create-home --home-dir /nonexistent vtp 2>/dev/null
   mkdir -p "$dir/etc/vector-tls-proxy/certs" "$dir/var/lib/embedded-qdrant"
   chroot "$dir" chown vtp:vtp /etc/vector-tls-proxy/certs /var/lib/embedded-qdrant
   # Smaller images: no package lists, docs or caches.
@@ -49,12 +51,14 @@ rootfs() {
   echo "$tarball"
 }
 
-# import TARBALL TAG [CHANGE...]
+# import TARBALL TAG [CHANGE...]: the image, imported again when its tarball changed.
 import() {
   local tarball="$1" tag="$2"
   shift 2
-  if ! docker image inspect "$tag" >/dev/null 2>&1; then
-    local changes=()
+  local made_from
+  made_from=$(docker image inspect -f '{{index .Config.Labels "vector-tls-proxy.rootfs"}}' "$tag" 2>/dev/null || true)
+  if [ "$made_from" != "$(basename "$tarball")" ]; then
+    local changes=(--change "LABEL vector-tls-proxy.rootfs=$(basename "$tarball")")
     for c in "$@"; do changes+=(--change "$c"); done
     docker import "${changes[@]}" "$tarball" "$tag" >/dev/null
   fi
@@ -65,6 +69,7 @@ runtime_packages="ca-certificates,curl,libssl3"
 import "$(rootfs bookworm-runtime "$runtime_packages")" vector-tls-proxy-base:bookworm \
   'CMD ["/bin/bash"]'
 if [ "${1:-}" = systemd ]; then
-  import "$(rootfs bookworm-systemd "$runtime_packages,systemd,systemd-sysv,dbus,procps")" \
+  # openssl: the quick start makes the API key with it.
+  import "$(rootfs bookworm-systemd "$runtime_packages,systemd,systemd-sysv,dbus,procps,openssl")" \
     vector-tls-proxy-base:bookworm-systemd 'CMD ["/sbin/init"]'
 fi

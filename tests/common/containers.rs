@@ -225,3 +225,73 @@ impl Drop for ComposeProject {
 pub fn free_port() -> u16 {
     free_loopback_addr().port()
 }
+
+/// A container booted with systemd as PID 1 (the local systemd base), unprivileged: the
+/// engine here refuses `--privileged`, and systemd needs only the cgroup tree and tmpfs
+/// mounts. Removed when dropped.
+pub struct SystemdContainer {
+    /// The container's name.
+    pub name: String,
+}
+
+impl SystemdContainer {
+    /// Boots `image` with `mounts` (host path, container path; read-only) and waits until
+    /// systemd has started its units.
+    pub fn boot(image: &str, mounts: &[(&Path, &str)]) -> Self {
+        let name = format!("vtp-systemd-{}", std::process::id());
+        let _ = Command::new("docker").args(["rm", "-f", &name]).output();
+        let mut cmd = Command::new("docker");
+        cmd.args(["run", "-d", "--name", &name, "--stop-signal", "SIGRTMIN+3"])
+            .args(["--tmpfs", "/run", "--tmpfs", "/run/lock", "--tmpfs", "/tmp"])
+            .args(["-v", "/sys/fs/cgroup:/sys/fs/cgroup:ro"]);
+        for (host, inside) in mounts {
+            cmd.arg("-v").arg(format!("{}:{inside}:ro", host.display()));
+        }
+        cmd.args([image, "/sbin/init"]);
+        run_ok(&mut cmd, "docker run (systemd)");
+        let booted = Self { name };
+        let deadline = Instant::now() + WAIT;
+        loop {
+            let state = booted.sh("systemctl is-system-running || true");
+            if matches!(state.trim(), "running" | "degraded") {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "systemd did not finish booting: {state}"
+            );
+            std::thread::sleep(Duration::from_millis(300));
+        }
+        booted
+    }
+
+    /// Runs `script` with bash in the container (as root, in /root), unchecked: (exit code,
+    /// stdout and stderr together).
+    pub fn try_sh(&self, script: &str) -> (i32, String) {
+        let out = Command::new("docker")
+            .args(["exec", "-w", "/root", &self.name, "bash", "-c", script])
+            .output()
+            .expect("docker exec");
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        (out.status.code().unwrap_or(-1), text)
+    }
+
+    /// Runs `script`, which must succeed; its output.
+    pub fn sh(&self, script: &str) -> String {
+        let (code, text) = self.try_sh(script);
+        assert_eq!(code, 0, "in the container: {script}\n{text}");
+        text
+    }
+}
+
+impl Drop for SystemdContainer {
+    fn drop(&mut self) {
+        let _ = Command::new("docker")
+            .args(["rm", "-f", "-v", &self.name])
+            .output();
+    }
+}

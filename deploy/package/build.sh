@@ -35,7 +35,7 @@ bin_dir="$CARGO_TARGET_DIR/release"
 tools="${XDG_CACHE_HOME:-$HOME/.cache}/vector-tls-proxy/tools"
 tool() { # tool CRATE VERSION: the crate's binary, built once into $tools
   local crate="$1" version="$2"
-  if [ ! -x "$tools/bin/$crate" ] || ! "$tools/bin/$crate" --version 2>/dev/null | grep -q "$version"; then
+  if [ ! -x "$tools/bin/$crate" ] || ! cargo install --list --root "$tools" | grep -qx "$crate v$version:"; then
     echo "building $crate $version into $tools" >&2
     CARGO_TARGET_DIR="$tools/build" cargo install "$crate" --version "$version" --locked \
       --root "$tools" --quiet >&2
@@ -58,10 +58,11 @@ fi
 # and the tools' (loadgen and embedded-qdrant).
 sbom_dir=$(mktemp -d /tmp/vtp-sbom.XXXXXX)
 trap 'rm -rf "$sbom_dir"' EXIT
-for pkg in proxy loadgen embedded-qdrant; do
-  "$cargo_cyclonedx" cyclonedx --manifest-path "$pkg/Cargo.toml" --format json \
-    --spec-version 1.5 --override-filename "$pkg.cdx" --quiet >&2
-  mv "$pkg/$pkg.cdx.json" "$sbom_dir/"
+# cargo-cyclonedx writes MEMBER/MEMBER.cdx.json for every workspace member: each is moved
+# out of the source tree at once.
+"$cargo_cyclonedx" cyclonedx --format json --spec-version 1.5 --quiet >&2
+for member in */*.cdx.json; do
+  mv "$member" "$sbom_dir/"
 done
 cp "$sbom_dir/proxy.cdx.json" "$out/vector-tls-proxy_${version}-1_amd64.deb.cdx.json"
 cp "$sbom_dir/proxy.cdx.json" "$out/vector-tls-proxy_${version}.image.cdx.json"

@@ -79,9 +79,13 @@ pub(crate) fn parse(mut bytes: &[u8]) -> Parsed {
     // invalid: found by fuzzing, an UNKNOWN header split at its 24th byte). Only the line
     // goes to ppp.
     let v1 = bytes.len().min(V1_SIGNATURE.len());
+    let mut v1_line = None;
     if bytes[..v1] == V1_SIGNATURE[..v1] {
         match bytes.windows(2).position(|w| w == b"\r\n") {
-            Some(at) if at + 2 <= V1_MAX => bytes = &bytes[..at + 2],
+            Some(at) if at + 2 <= V1_MAX => {
+                bytes = &bytes[..at + 2];
+                v1_line = Some(at + 2);
+            }
             None if bytes.len() < V1_MAX => return Parsed::Incomplete,
             _ => {
                 return Parsed::Invalid(format!(
@@ -92,6 +96,11 @@ pub(crate) fn parse(mut bytes: &[u8]) -> Parsed {
     }
     match HeaderResult::parse(bytes) {
         r if r.is_incomplete() => Parsed::Incomplete,
+        // ppp ended the header elsewhere than at the CRLF (a bare LF inside the line, found
+        // by fuzzing): not a v1 line.
+        HeaderResult::V1(Ok(h)) if v1_line.is_some_and(|line| line != h.header.len()) => {
+            Parsed::Invalid("a v1 header ends at its CRLF and holds no other line break".into())
+        }
         HeaderResult::V1(Ok(h)) => Parsed::Complete {
             len: h.header.len(),
             client: match h.addresses {
@@ -260,6 +269,8 @@ mod tests {
             parse(line),
             Parsed::Complete { len, client: None } if len == line.len()
         ));
+        let bare_lf = b"PROXY UNKNOWN OXUNKNOWN OX\n 5 \n 5 [\r.0\r\n";
+        assert!(matches!(parse(bare_lf), Parsed::Invalid(_)));
         let long = [b"PROXY TCP4 ".as_slice(), &[b'1'; 120]].concat();
         assert!(matches!(parse(&long), Parsed::Invalid(_)));
     }

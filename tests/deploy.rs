@@ -197,6 +197,15 @@ fn assert_monitoring_matches(metrics: &Value, variant: &str) {
             .find(|r| r["kind"] == kind && r["metadata"]["name"] == "vector-tls-proxy")
             .unwrap_or_else(|| panic!("monitoring: no {kind}/vector-tls-proxy"))
     };
+    // kube-prometheus-stack selects both by its release label, set once in the
+    // kustomization.
+    for kind in ["ServiceMonitor", "PrometheusRule"] {
+        assert_eq!(
+            find(kind)["metadata"]["labels"]["release"],
+            "kube-prometheus-stack",
+            "{kind} lacks the label a default kube-prometheus-stack selects"
+        );
+    }
     let monitor = &find("ServiceMonitor")["spec"];
     let labels = metrics["metadata"]["labels"].as_object().unwrap();
     for (k, v) in monitor["selector"]["matchLabels"].as_object().unwrap() {
@@ -592,6 +601,40 @@ fn kubernetes_manifests_validate_and_agree_with_the_binaries() {
             Some(QDRANT_API_KEY_SECRET),
             "{variant}: Qdrant without the API key"
         );
+        // Every object carries Kubernetes' recommended labels; every pod runs under the
+        // runtime's default seccomp profile; Qdrant's peers and the proxy's replicas
+        // spread over nodes; Qdrant is the release the tested clients speak.
+        for r in list {
+            let labels = &r["metadata"]["labels"];
+            assert_eq!(
+                labels["app.kubernetes.io/part-of"], "vector-tls-proxy",
+                "{variant}: {}",
+                r["metadata"]["name"]
+            );
+            assert_eq!(
+                labels["app.kubernetes.io/managed-by"], "kustomize",
+                "{variant}: {}",
+                r["metadata"]["name"]
+            );
+            if let Some(pod) = r["spec"]["template"]["spec"].as_object() {
+                assert_eq!(
+                    pod["securityContext"]["seccompProfile"]["type"], "RuntimeDefault",
+                    "{variant}: {} without a seccomp profile",
+                    r["metadata"]["name"]
+                );
+                if r["kind"] != "Job" {
+                    assert!(
+                        pod.get("topologySpreadConstraints").is_some(),
+                        "{variant}: {} does not spread",
+                        r["metadata"]["name"]
+                    );
+                }
+            }
+        }
+        assert!(qdrant_container["image"]
+            .as_str()
+            .unwrap()
+            .ends_with(":v1.20.0"));
         // The proxy container: where it runs depends on the variant.
         let pod = if *variant == "sidecar" {
             &qdrant["spec"]["template"]["spec"]

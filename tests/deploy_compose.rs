@@ -275,6 +275,21 @@ fn compose_stack_comes_up_serves_survives_restarts_and_leaves_nothing() {
         stored, acknowledged,
         "acknowledged points lost (or unacknowledged ones stored)"
     );
+    // Failures only inside the faults: none in the first 4 s (before Qdrant's restart),
+    // none in the last 3 s (after the proxy is back), as loadgen's timeline shows.
+    let timeline = result["timeline"].as_array().expect("a timeline");
+    let first = timeline[0]["at_unix_s"].as_u64().unwrap();
+    let failed_at: Vec<u64> = timeline
+        .iter()
+        .filter(|s| s["failed"].as_u64().unwrap() > 0)
+        .map(|s| s["at_unix_s"].as_u64().unwrap() - first)
+        .collect();
+    let last = timeline.last().unwrap()["at_unix_s"].as_u64().unwrap() - first;
+    eprintln!("seconds with failures (from the start): {failed_at:?} of 0-{last}");
+    assert!(
+        failed_at.iter().all(|s| *s >= 4 && *s + 3 <= last),
+        "failures outside the faults: {failed_at:?} of 0-{last}"
+    );
 
     // Prometheus scrapes the proxy (TLS, verified with the stack's CA) with the rules loaded.
     let deadline = Instant::now() + Duration::from_secs(60);

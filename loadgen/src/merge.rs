@@ -119,6 +119,20 @@ pub fn merge(results: &[RunResult], names: &[String]) -> Result<RunResult> {
     });
     merged.histograms = Some(Histograms::encode(&latency, &handshake));
     merged.merged_from = names.to_vec();
+    let mut seconds: BTreeMap<u64, (u64, u64)> = BTreeMap::new();
+    for s in results.iter().flat_map(|r| &r.timeline) {
+        let e = seconds.entry(s.at_unix_s).or_default();
+        e.0 += s.ok;
+        e.1 += s.failed;
+    }
+    merged.timeline = seconds
+        .into_iter()
+        .map(|(at_unix_s, (ok, failed))| SecondTally {
+            at_unix_s,
+            ok,
+            failed,
+        })
+        .collect();
     merged.environment.host = {
         let mut hosts: Vec<&str> = results
             .iter()

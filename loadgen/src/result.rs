@@ -386,6 +386,38 @@ pub struct RunResult {
     /// A merged result: the files it was made of.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub merged_from: Vec<String>,
+    /// Measured requests by the wall-clock second they ended in: when failures happened
+    /// (a fault's window), not only how many. `loadgen merge` adds them up by second.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub timeline: Vec<SecondTally>,
+}
+
+/// The measured requests that ended within one second of the wall clock.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct SecondTally {
+    /// The second, since the Unix epoch.
+    pub at_unix_s: u64,
+    /// Requests acknowledged in it.
+    pub ok: u64,
+    /// Requests failed in it.
+    pub failed: u64,
+}
+
+/// The runs of consecutive seconds of `timeline` with failures, as (first second, last
+/// second, failed, ok) in order: where each fault fell, for the reports.
+pub fn failure_windows(timeline: &[SecondTally]) -> Vec<(u64, u64, u64, u64)> {
+    let mut windows: Vec<(u64, u64, u64, u64)> = Vec::new();
+    for s in timeline.iter().filter(|s| s.failed > 0) {
+        match windows.last_mut() {
+            Some(w) if s.at_unix_s <= w.1 + 1 => {
+                w.1 = s.at_unix_s;
+                w.2 += s.failed;
+                w.3 += s.ok;
+            }
+            _ => windows.push((s.at_unix_s, s.at_unix_s, s.failed, s.ok)),
+        }
+    }
+    windows
 }
 
 /// When the measured phase ran, in seconds since the Unix epoch.
@@ -580,6 +612,29 @@ impl OnOff {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn failure_windows_are_the_runs_of_seconds_with_failures() {
+        let second = |at: u64, ok: u64, failed: u64| SecondTally {
+            at_unix_s: at,
+            ok,
+            failed,
+        };
+        let timeline = [
+            second(100, 50, 0),
+            second(101, 10, 4),
+            second(102, 0, 9),
+            second(103, 48, 0),
+            second(104, 49, 0),
+            second(105, 30, 2),
+            second(107, 20, 1),
+        ];
+        assert_eq!(
+            failure_windows(&timeline),
+            [(101, 102, 13, 10), (105, 105, 2, 30), (107, 107, 1, 20)]
+        );
+        assert!(failure_windows(&timeline[3..5]).is_empty());
+    }
 
     #[test]
     fn a_cell_provider_is_written_as_its_name_and_read_back_as_what_it_names() {

@@ -2,7 +2,7 @@
 
 use std::fmt::Write;
 
-use crate::result::{Measured, RunResult};
+use crate::result::{failure_windows, Measured, RunResult};
 
 /// The summary of `r`: throughput, latency, CPU, power, verification and warnings.
 pub fn render(r: &RunResult) -> String {
@@ -32,6 +32,18 @@ pub fn render(r: &RunResult) -> String {
             .map(String::as_str)
             .unwrap_or("");
         let _ = writeln!(s, "  failed {kind}: {n}  (first: {example})");
+    }
+    // When the failures happened: each run of seconds with failures, from the measured
+    // phase's start (a fault injected during the run shows as its window).
+    if let (Some(first), windows) = (r.timeline.first(), failure_windows(&r.timeline)) {
+        for (from, until, failed, ok) in windows {
+            let _ = writeln!(
+                s,
+                "  failures at {}-{} s: {failed} failed, {ok} ok",
+                from - first.at_unix_s,
+                until + 1 - first.at_unix_s
+            );
+        }
     }
     let _ = writeln!(
         s,

@@ -113,6 +113,9 @@ pub struct Outcome {
     pub schedule_lag_us: Option<Histogram<u64>>,
     /// True when Ctrl-C (or the caller) stopped the run early.
     pub interrupted: bool,
+    /// Measured requests (acknowledged, failed) by the second of the measured phase they
+    /// ended in.
+    pub per_second: Vec<(u64, u64)>,
 }
 
 struct Shared {
@@ -146,6 +149,24 @@ struct WorkerTally {
     warmup_ok: u64,
     warmup_failed: u64,
     last_done: Option<Instant>,
+    /// (acknowledged, failed) by second of the measured phase.
+    per_second: Vec<(u64, u64)>,
+}
+
+impl WorkerTally {
+    /// Counts a measured request that ended at `done` in its second.
+    fn count_second(&mut self, measure_start: Instant, done: Instant, ok: bool) {
+        let second = done.saturating_duration_since(measure_start).as_secs() as usize;
+        if self.per_second.len() <= second {
+            self.per_second.resize(second + 1, (0, 0));
+        }
+        let slot = &mut self.per_second[second];
+        if ok {
+            slot.0 += 1;
+        } else {
+            slot.1 += 1;
+        }
+    }
 }
 
 fn histogram() -> Histogram<u64> {
@@ -219,6 +240,13 @@ pub async fn run(
         tally.warmup_ok += t.warmup_ok;
         tally.warmup_failed += t.warmup_failed;
         tally.last_done = tally.last_done.max(t.last_done);
+        if tally.per_second.len() < t.per_second.len() {
+            tally.per_second.resize(t.per_second.len(), (0, 0));
+        }
+        for (all, one) in tally.per_second.iter_mut().zip(&t.per_second) {
+            all.0 += one.0;
+            all.1 += one.1;
+        }
     }
     let interrupted = outer.is_cancelled();
     stop.cancel();
@@ -244,6 +272,7 @@ pub async fn run(
         elapsed: finished - measure_start,
         schedule_lag_us: lag,
         interrupted,
+        per_second: tally.per_second,
     }
 }
 
@@ -384,6 +413,7 @@ async fn worker(
                     tally.ok += 1;
                     tally.ok_body_bytes += body_len;
                     tally.last_done = Some(done);
+                    tally.count_second(shared.measure_start, done, true);
                     shared.live_ok.fetch_add(1, Ordering::Relaxed);
                 } else {
                     tally.warmup_ok += 1;
@@ -409,6 +439,7 @@ async fn worker(
                         .entry(failure.kind)
                         .or_insert(failure.message);
                     tally.last_done = Some(done);
+                    tally.count_second(shared.measure_start, done, false);
                     shared.live_failed.fetch_add(1, Ordering::Relaxed);
                 } else {
                     tally.warmup_failed += 1;

@@ -141,6 +141,17 @@ pub(super) fn read_out(
         )),
         payload_bytes: Some(m.outcome.ok_body_bytes),
         merged_from: Vec::new(),
+        timeline: m
+            .outcome
+            .per_second
+            .iter()
+            .enumerate()
+            .map(|(i, (ok, failed))| SecondTally {
+                at_unix_s: (m.measured_from + i as f64) as u64,
+                ok: *ok,
+                failed: *failed,
+            })
+            .collect(),
     };
     Ok(result)
 }

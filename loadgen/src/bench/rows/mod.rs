@@ -383,6 +383,7 @@ mod tests {
             elapsed: Duration::from_secs(1),
             schedule_lag_us: None,
             interrupted: false,
+            per_second: Vec::new(),
         }
     }
 

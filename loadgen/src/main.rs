@@ -169,6 +169,9 @@ fn main() -> ExitCode {
                         m.latency_ms.as_ref().map_or("n/a".into(), |l| format!("{:.2}", l.p50)),
                         m.latency_ms.as_ref().map_or("n/a".into(), |l| format!("{:.2}", l.p99)),
                     );
+                    // The merged run as a run is reported: failures by kind, and the
+                    // seconds they fell in (what each fault did to the clients together).
+                    print!("{}", loadgen::summary::render(&m));
                     ExitCode::SUCCESS
                 }
                 Err(e) => {

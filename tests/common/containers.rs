@@ -22,6 +22,8 @@ pub struct TestImages {
     pub qdrant: String,
     /// Prometheus from Debian's package (for prom/prometheus).
     pub prometheus: String,
+    /// HAProxy from Debian's package (for haproxy).
+    pub haproxy: String,
     /// The local Debian base with systemd as PID 1.
     pub systemd_base: String,
 }
@@ -101,6 +103,20 @@ pub fn test_images() -> &'static TestImages {
         let ctx = temp_dir("image-context");
         std::fs::copy("/usr/bin/prometheus", ctx.join("prometheus"))
             .expect("Debian's prometheus package (installed by .ci/run)");
+        // HAProxy and the libraries it links (the base has libc and OpenSSL, not Lua and
+        // the rest), as ldd resolves them on this Debian host.
+        let haproxy = ctx.join("haproxy");
+        std::fs::create_dir_all(haproxy.join("lib")).expect("haproxy/lib");
+        std::fs::copy("/usr/sbin/haproxy", haproxy.join("haproxy"))
+            .expect("Debian's haproxy package (installed by .ci/run)");
+        let libs = run_ok(Command::new("ldd").arg("/usr/sbin/haproxy"), "ldd haproxy");
+        for lib in libs.lines().filter_map(|l| l.split("=> ").nth(1)) {
+            let path = lib.split(" (").next().unwrap_or_default().trim();
+            if path.starts_with('/') {
+                let name = Path::new(path).file_name().expect("a library's name");
+                std::fs::copy(path, haproxy.join("lib").join(name)).expect("a library");
+            }
+        }
         let stand_in = |file: &str, tag: &str| {
             run_ok(
                 Command::new("docker")
@@ -120,6 +136,10 @@ pub fn test_images() -> &'static TestImages {
             prometheus: stand_in(
                 "Containerfile.prometheus",
                 "vector-tls-proxy-test/prometheus:test",
+            ),
+            haproxy: stand_in(
+                "Containerfile.haproxy",
+                "vector-tls-proxy-test/haproxy:test",
             ),
             systemd_base,
         }

@@ -127,6 +127,40 @@ fn secs(started: Instant) -> f64 {
     started.elapsed().as_secs_f64()
 }
 
+/// An upsert's points as the engine takes them: each with its id, its vector (one dense
+/// vector, or named ones) and its payload; a point without vectors, a sparse or
+/// multi-vector or a bad id is refused as Qdrant refuses it.
+pub(crate) fn points_in(points: Vec<pb::PointStruct>) -> Result<Vec<PointStructPersisted>, Status> {
+    let mut out = Vec::with_capacity(points.len());
+    for p in points {
+        let vector = match p.vectors.and_then(|v| v.vectors_options) {
+            Some(VectorsOptions::Vector(v)) => VectorStructPersisted::Single(dense(&v)?),
+            Some(VectorsOptions::Vectors(named)) => {
+                let mut map = HashMap::with_capacity(named.vectors.len());
+                for (name, v) in named.vectors {
+                    map.insert(name, VectorPersisted::Dense(dense(&v)?));
+                }
+                VectorStructPersisted::Named(map)
+            }
+            None => return Err(Status::invalid_argument("a point without vectors")),
+        };
+        let payload = (!p.payload.is_empty()).then(|| {
+            Payload(
+                p.payload
+                    .iter()
+                    .map(|(k, v)| (k.clone(), value_to_json(v)))
+                    .collect(),
+            )
+        });
+        out.push(PointStructPersisted {
+            id: point_id(p.id.as_ref())?,
+            vector,
+            payload,
+        });
+    }
+    Ok(out)
+}
+
 fn point_id_out(id: &PointId) -> pb::PointId {
     pb::PointId {
         point_id_options: Some(match id {
@@ -707,33 +741,7 @@ impl Grpc {
                 "conditional upserts are not implemented by embedded-qdrant",
             ));
         }
-        let mut points = Vec::with_capacity(req.points.len());
-        for p in req.points {
-            let vector = match p.vectors.and_then(|v| v.vectors_options) {
-                Some(VectorsOptions::Vector(v)) => VectorStructPersisted::Single(dense(&v)?),
-                Some(VectorsOptions::Vectors(named)) => {
-                    let mut map = HashMap::with_capacity(named.vectors.len());
-                    for (name, v) in named.vectors {
-                        map.insert(name, VectorPersisted::Dense(dense(&v)?));
-                    }
-                    VectorStructPersisted::Named(map)
-                }
-                None => return Err(Status::invalid_argument("a point without vectors")),
-            };
-            let payload = (!p.payload.is_empty()).then(|| {
-                Payload(
-                    p.payload
-                        .iter()
-                        .map(|(k, v)| (k.clone(), value_to_json(v)))
-                        .collect(),
-                )
-            });
-            points.push(PointStructPersisted {
-                id: point_id(p.id.as_ref())?,
-                vector,
-                payload,
-            });
-        }
+        let points = points_in(req.points)?;
         let op = UpdateOperation::PointOperation(PointOperations::UpsertPoints(
             PointInsertOperations::PointsList(points),
         ));

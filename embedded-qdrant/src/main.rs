@@ -6,33 +6,14 @@
 #![deny(unsafe_code)]
 #![deny(missing_docs)]
 
-mod auth;
-mod convert;
-mod grpc;
-mod grpc_filter;
-mod grpc_stubs;
-mod rest;
-mod store;
-mod tls;
-
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 
 use clap::Parser;
+use embedded_qdrant::{auth, grpc, rest, store, tls};
 
-/// The Qdrant API version this server answers as: the protocol of the qdrant-client crate
-/// it is built on (its messages and service traits). The official clients compare it
-/// with their own (same major, minor within one) and warn on every start otherwise.
-pub const QDRANT_API_VERSION: &str = "1.20.0";
-
-/// `title` of `GET /` and of gRPC HealthCheck: Qdrant's own, and which server this is.
-pub const SERVER_TITLE: &str = concat!(
-    "qdrant - vector search engine (embedded-qdrant ",
-    env!("CARGO_PKG_VERSION"),
-    " on qdrant-edge 0.7.0)"
-);
 use tokio_util::sync::CancellationToken;
 
 /// A Qdrant-compatible REST and gRPC server on Qdrant's engine.

@@ -813,6 +813,28 @@ impl Rest {
     }
 }
 
+/// The request bodies the handlers read, by number (for the fuzz targets: each is parsed
+/// as its handler parses it); the status of the answer to a body that does not parse.
+pub(crate) fn decode_body(kind: u8, body: &[u8]) -> Result<(), StatusCode> {
+    fn check<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<(), StatusCode> {
+        parse::<T>(body, Instant::now())
+            .map(drop)
+            .map_err(|reply| reply.status())
+    }
+    match kind % 10 {
+        0 => check::<CreateBody>(body),
+        1 => check::<UpsertBody>(body),
+        2 => check::<SearchBody>(body),
+        3 => check::<QueryBody>(body),
+        4 => check::<CountBody>(body),
+        5 => check::<RetrieveBody>(body),
+        6 => check::<ScrollBody>(body),
+        7 => check::<UpdateCollectionBody>(body),
+        8 => check::<AliasesBody>(body),
+        _ => check::<DeletePayloadBody>(body),
+    }
+}
+
 fn parse<T: serde::de::DeserializeOwned>(body: &[u8], started: Instant) -> Result<T, Box<Reply>> {
     serde_json::from_slice(body).map_err(|e| {
         Box::new(error(

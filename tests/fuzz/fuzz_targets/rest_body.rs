@@ -1,0 +1,4 @@
+//! Fuzz target: see `embedded_qdrant::fuzzing::rest_body` for the input and the invariants.
+#![no_main]
+
+libfuzzer_sys::fuzz_target!(|data: &[u8]| embedded_qdrant::fuzzing::rest_body(data));

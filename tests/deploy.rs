@@ -937,3 +937,43 @@ fn systemd_keeps_qdrant_on_loopback_behind_a_key() {
     assert!(exec("ExecStart").ends_with(&format!("run --config {config_path}")));
     assert!(exec("After").contains("qdrant.service"));
 }
+
+/// The images built without a registry (Containerfile.prebuilt, what every container test
+/// runs) end as the images built from source do (Containerfile): for each target, the
+/// same labels, user, ports, health check, entry point and command, and the same files.
+#[test]
+fn prebuilt_images_end_as_the_source_built_ones() {
+    // The instructions of stage `target`, continuation lines joined, COPY sources dropped
+    // (one copies from a build stage, the other from the context).
+    let stage = |file: &str, target: &str| -> Vec<String> {
+        let text = std::fs::read_to_string(repo().join(file)).unwrap();
+        let joined = text.replace("\\\n", " ");
+        let mut lines = joined.lines().map(str::trim);
+        let header = lines
+            .by_ref()
+            .find(|l| l.starts_with("FROM ") && l.ends_with(&format!(" AS {target}")))
+            .unwrap_or_else(|| panic!("{file}: no stage {target}"));
+        assert!(header.starts_with("FROM "));
+        lines
+            .take_while(|l| !l.starts_with("FROM "))
+            .filter(|l| !l.is_empty() && !l.starts_with('#'))
+            .map(|l| {
+                let l = l.split_whitespace().collect::<Vec<_>>().join(" ");
+                match l.strip_prefix("COPY ") {
+                    Some(rest) => format!("COPY -> {}", rest.rsplit(' ').next().unwrap()),
+                    None => l,
+                }
+            })
+            .collect()
+    };
+    for target in ["proxy", "tools"] {
+        let source = stage("deploy/container/Containerfile", target);
+        let prebuilt = stage("deploy/container/Containerfile.prebuilt", target);
+        assert_eq!(source, prebuilt, "target {target}");
+        assert!(source.len() >= 6, "{target}: {source:?}");
+        assert!(
+            source.iter().any(|l| l.starts_with("USER 10001")),
+            "{target}: {source:?}"
+        );
+    }
+}

@@ -27,28 +27,13 @@ fn repo() -> PathBuf {
 
 /// The virtualenv of a validator (`compose` or `k8s`), installed once on first use.
 fn validator_python(which: &str) -> PathBuf {
-    static DIR: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
-    let dir = DIR.get_or_init(|| {
-        let dir = std::env::var_os("DEPLOY_VALIDATORS").map_or_else(
-            || {
-                PathBuf::from(std::env::var_os("HOME").expect("HOME"))
-                    .join(".cache/vector-tls-proxy/validators")
-            },
-            PathBuf::from,
-        );
-        // Idempotent, and quick when they are there; PyPI is reachable from these
-        // machines, and .ci/run runs it up front.
-        let status = Command::new(repo().join("tests/deploy/install-validators.sh"))
-            .env("DEPLOY_VALIDATORS", &dir)
-            .status()
-            .expect("tests/deploy/install-validators.sh");
-        assert!(
-            status.success(),
-            "installing the deployment validators failed"
-        );
-        dir
-    });
-    dir.join(which).join("bin/python")
+    installed(
+        "tests/deploy/install-validators.sh",
+        "DEPLOY_VALIDATORS",
+        "validators",
+    )
+    .join(which)
+    .join("bin/python")
 }
 
 fn render(args: &[&str]) -> Value {
@@ -500,6 +485,15 @@ fn compose_file_is_valid_and_agrees_with_the_binaries() {
     assert_eq!(
         services["loadgen"]["profiles"],
         serde_json::json!(["bench"])
+    );
+    // The bench runs the pipeline's first stage live beside ingestion in every cell.
+    let concurrency = lg
+        .iter()
+        .position(|a| a == "--embed-concurrency")
+        .map(|i| lg[i + 1].as_str());
+    assert!(
+        concurrency.is_some_and(|n| n.parse::<usize>().is_ok_and(|n| n >= 1)),
+        "loadgen runs OVMS live beside ingestion: {lg:?}"
     );
 
     // Every file mounted from the repository exists; Prometheus' configuration loads with

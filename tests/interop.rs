@@ -10,38 +10,9 @@
 
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
-use std::sync::OnceLock;
 
 use e2e::*;
 use proxy::crypto::{CertAlgorithmName, KxGroupName, ProviderName};
-
-/// The virtualenv of an interop client (`qdrant-client` or `sslyze`), installed once.
-fn venv_python(which: &str) -> PathBuf {
-    static DIR: OnceLock<PathBuf> = OnceLock::new();
-    let dir = DIR.get_or_init(|| {
-        let dir = std::env::var_os("INTEROP_CLIENTS").map_or_else(
-            || {
-                PathBuf::from(std::env::var_os("HOME").expect("HOME"))
-                    .join(".cache/vector-tls-proxy/interop")
-            },
-            PathBuf::from,
-        );
-        let status = Command::new(repo().join("tests/interop/install.sh"))
-            .env("INTEROP_CLIENTS", &dir)
-            .status()
-            .expect("tests/interop/install.sh");
-        assert!(status.success(), "installing the interop clients failed");
-        dir
-    });
-    dir.join(which).join("bin/python")
-}
-
-fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("workspace root")
-        .to_owned()
-}
 
 /// Runs a command with a bounded wait; returns (success, stdout + stderr).
 fn run_bounded(cmd: &mut Command, what: &str) -> (bool, String) {
@@ -66,7 +37,7 @@ fn run_bounded(cmd: &mut Command, what: &str) -> (bool, String) {
 /// `service.enable_tls`), each TLS server's certificate verified against the test CA.
 #[test]
 fn official_python_client_direct_and_through_the_proxy() {
-    let python = venv_python("qdrant-client");
+    let python = interop_python("qdrant-client");
     let eq = EmbeddedQdrant::start(&temp_dir("interop-eq"));
     let alg = CertAlgorithmName::EcdsaP256;
     let (cert, key) = server_cert(alg);
@@ -91,7 +62,7 @@ fn official_python_client_direct_and_through_the_proxy() {
         alg,
         &["--upstream-protocol", "h2c"],
     );
-    let script = repo().join("tests/interop/qdrant_client_calls.py");
+    let script = repo_root().join("tests/interop/qdrant_client_calls.py");
     let ca = certs().ca_cert.display().to_string();
     let mut failures = Vec::new();
     for (path, host, rest_port, grpc_port, tls) in [
@@ -287,7 +258,7 @@ fn strict_x509_verifiers_accept_the_generated_certificates() {
         certs().client.0.display().to_string()
     );
     let (ok, out) = run_bounded(
-        Command::new(venv_python("sslyze")).args(["-c", &script]),
+        Command::new(interop_python("sslyze")).args(["-c", &script]),
         "pyca/cryptography verifier",
     );
     assert!(ok, "pyca/cryptography rejected a generated chain:\n{out}");
@@ -300,7 +271,7 @@ fn strict_x509_verifiers_accept_the_generated_certificates() {
 /// against the test CA, the vulnerability checks) at the proxy's defaults.
 #[test]
 fn sslyze_finds_every_provider_and_algorithm_mozilla_intermediate_compliant() {
-    let python = venv_python("sslyze");
+    let python = interop_python("sslyze");
     let upstream = EchoUpstream::start();
     let ca = certs().ca_cert.display().to_string();
     for provider in ProviderName::SOFTWARE {

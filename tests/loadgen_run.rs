@@ -7,47 +7,9 @@ use e2e::*;
 use proxy::crypto::{CertAlgorithmName, ProviderName};
 use serde_json::Value;
 
-fn num(v: &Value, path: &[&str]) -> f64 {
-    let mut cur = v;
-    for p in path {
-        cur = &cur[*p];
-    }
-    cur.as_f64()
-        .unwrap_or_else(|| panic!("{} missing in {v:#}", path.join(".")))
-}
-
-struct Stack {
-    qdrant: EmbeddedQdrant,
-    rest: ProxyProcess,
-    grpc: ProxyProcess,
-}
-
-fn stack() -> Stack {
-    stack_with(&[])
-}
-
-/// The stack with further embedded-qdrant flags (e.g. `--api-key`).
-fn stack_with(qdrant_flags: &[&str]) -> Stack {
-    let data = temp_dir("lg-data");
-    let qdrant = EmbeddedQdrant::start_with(&data, qdrant_flags);
-    let rest = ProxyProcess::start(
-        &format!("http://{}", qdrant.rest),
-        ProviderName::AwsLcRs,
-        CertAlgorithmName::EcdsaP256,
-        &[],
-    );
-    let grpc = ProxyProcess::start(
-        &format!("http://{}", qdrant.grpc),
-        ProviderName::Ring,
-        CertAlgorithmName::Rsa2048,
-        &["--upstream-protocol", "h2c"],
-    );
-    Stack { qdrant, rest, grpc }
-}
-
 #[test]
 fn every_policy_over_rest_and_grpc_stores_exactly_what_was_acknowledged() {
-    let s = stack();
+    let s = LoadgenStack::start();
     let dir = temp_dir("lg-policies");
     for (protocol, proxy) in [("rest", &s.rest), ("grpc", &s.grpc)] {
         for policy in ["new", "reuse", "per-n=3"] {
@@ -174,7 +136,7 @@ fn open_loop_latency_includes_the_queueing_behind_a_slow_upstream() {
 
 #[test]
 fn embeddings_mode_embeds_once_then_reuses_the_cache_and_the_file() {
-    let s = stack();
+    let s = LoadgenStack::start();
     let ovms = FakeOvms::start(48);
     let dir = temp_dir("lg-embed");
     let corpus = dir.join("corpus");
@@ -275,7 +237,7 @@ fn embeddings_mode_embeds_once_then_reuses_the_cache_and_the_file() {
 
 #[test]
 fn failed_requests_are_counted_and_reported() {
-    let s = stack();
+    let s = LoadgenStack::start();
     let dir = temp_dir("lg-fail");
     let target = format!("localhost:{}", s.rest.addr.port());
     // A 64-d collection, then 32-d vectors into it: every upsert is refused with 400.
@@ -326,7 +288,7 @@ fn failed_requests_are_counted_and_reported() {
 
 #[test]
 fn a_target_that_refuses_tls_or_is_untrusted_gives_a_clear_error() {
-    let s = stack();
+    let s = LoadgenStack::start();
     // The plaintext REST port of the upstream: TLS cannot be negotiated.
     let mut a = base_args(&format!("127.0.0.1:{}", s.qdrant.rest.port()), "x");
     a.extend(args(&["--requests", "1", "--protocol", "rest"]));
@@ -359,7 +321,7 @@ fn a_target_that_refuses_tls_or_is_untrusted_gives_a_clear_error() {
 
 #[test]
 fn absent_power_sources_are_null_with_a_reason() {
-    let s = stack();
+    let s = LoadgenStack::start();
     let dir = temp_dir("lg-power");
     let mut a = base_args(&format!("localhost:{}", s.grpc.addr.port()), "pw");
     a.extend(args(&["--protocol", "grpc"]));
@@ -383,7 +345,7 @@ fn absent_power_sources_are_null_with_a_reason() {
 
 #[test]
 fn grpc_workers_can_share_one_http2_connection_like_a_grpc_channel() {
-    let s = stack();
+    let s = LoadgenStack::start();
     let out = temp_dir("lg-shared").join("shared.json");
     let mut a = base_args(&format!("localhost:{}", s.grpc.addr.port()), "shared");
     set_flag(&mut a, "--concurrency", "4");
@@ -420,7 +382,7 @@ fn grpc_workers_can_share_one_http2_connection_like_a_grpc_channel() {
 
 #[test]
 fn insecure_mode_skips_verification_and_says_so() {
-    let s = stack();
+    let s = LoadgenStack::start();
     let other = temp_dir("lg-insecure-ca");
     let other_set = proxy::crypto::generate_cert_set(&other, &[CertAlgorithmName::EcdsaP256], &[])
         .expect("certs");
@@ -440,7 +402,7 @@ fn insecure_mode_skips_verification_and_says_so() {
 }
 
 /// A gRPC run through the stack with `--power SOURCE` (instead of none) and `extra` flags.
-fn power_run(s: &Stack, collection: &str, source: &str, extra: &[&str]) -> LoadgenRun {
+fn power_run(s: &LoadgenStack, collection: &str, source: &str, extra: &[&str]) -> LoadgenRun {
     let out = temp_dir(collection).join("r.json");
     let mut a = base_args(&format!("localhost:{}", s.grpc.addr.port()), collection);
     set_flag(&mut a, "--power", source);
@@ -452,7 +414,7 @@ fn power_run(s: &Stack, collection: &str, source: &str, extra: &[&str]) -> Loadg
 #[test]
 fn redfish_power_is_sampled_through_the_run() {
     // A BMC cannot exist here: the recorded-shape iDRAC answer is served over real HTTP.
-    let s = stack();
+    let s = LoadgenStack::start();
     let body = std::fs::read(
         std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/redfish/idrac9-power.json"),
     )
@@ -494,7 +456,7 @@ fn prometheus_power_is_sampled_from_a_real_prometheus_server() {
     // The power sensor cannot exist here, so an exporter stand-in serves two PSU readings in
     // ipmi_exporter's metric name; the Prometheus server that scrapes it and evaluates the
     // query is the real one (Debian's package).
-    let s = stack();
+    let s = LoadgenStack::start();
     let exporter = StaticAnswer::start_metrics(
         "# HELP ipmi_dcmi_power_consumption_watts Current power consumption in watts.\n\
          # TYPE ipmi_dcmi_power_consumption_watts gauge\n\
@@ -556,7 +518,7 @@ fn prometheus_behind_basic_auth_needs_the_credentials() {
     // Prometheus' own web.config basic auth; the bcrypt hash is of "power-reader-test",
     // made for this test with Python's crypt module (cost 4, the minimum, for speed).
     const HASH: &str = "$2b$04$a3zeotSzuLk5fSMbhQcQCuT6ymfQiphCS37duTNsE7gUiX5hZMw7C";
-    let s = stack();
+    let s = LoadgenStack::start();
     let exporter = StaticAnswer::start_metrics(
         "# TYPE ipmi_dcmi_power_consumption_watts gauge\nipmi_dcmi_power_consumption_watts 412.5\n",
     );
@@ -612,7 +574,7 @@ fn prometheus_behind_basic_auth_needs_the_credentials() {
 fn the_target_hosts_cpu_comes_from_its_node_exporter_through_prometheus() {
     // Real node_exporter and real Prometheus; the "remote" host is this one, so the figure
     // must be a utilisation of this machine: a number in 0..=100 like the /proc/stat one.
-    let s = stack();
+    let s = LoadgenStack::start();
     let node = NodeExporter::start();
     let prometheus = PrometheusServer::start(&[("node", node.addr)]);
     let instance = node.addr.to_string();
@@ -677,7 +639,7 @@ fn the_target_hosts_cpu_comes_from_its_node_exporter_through_prometheus() {
 /// same flag after `--` before it starts any proxy.
 #[test]
 fn bad_values_are_refused_before_anything_is_changed() {
-    let s = stack();
+    let s = LoadgenStack::start();
     let target = format!("localhost:{}", s.rest.addr.port());
     let mut a = base_args(&target, "keepme");
     a.extend(args(&["--requests", "4", "--recreate"]));
@@ -760,7 +722,7 @@ fn bad_values_are_refused_before_anything_is_changed() {
 #[test]
 fn api_keys_reach_qdrant_through_the_proxy_and_stay_out_of_the_result() {
     const KEY: &str = "k3y-for-the-test-0123456789";
-    let Stack { qdrant, rest, grpc } = stack_with(&["--api-key", KEY]);
+    let LoadgenStack { qdrant, rest, grpc } = LoadgenStack::start_with(&["--api-key", KEY]);
     let (code, body) = http_raw(qdrant.rest, "GET", "/collections", &[], "");
     assert_eq!(code, 401, "{body}");
     assert!(body.contains("Must provide an API key"), "{body}");

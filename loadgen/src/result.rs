@@ -9,6 +9,8 @@ use hdrhistogram::Histogram;
 use proxy::crypto::ProviderName;
 use serde::{Deserialize, Serialize};
 
+use crate::vectors::{LiveOutcome, LivePace};
+
 /// The schema of run result files: `schema` of every [`RunResult`].
 pub const SCHEMA: &str = "loadgen.run/v1";
 
@@ -256,15 +258,70 @@ pub struct Verification {
     pub matches: bool,
 }
 
-/// Live embedding calls made beside the upserts (`--embed-live-rate`).
-#[derive(Clone, Debug, Serialize, Deserialize)]
+/// The co-located embedding load of the run (`--embed-live`, `--embed-concurrency`): what
+/// the pipeline's first stage achieved on the same host during the measured phase. Its
+/// CPU is the watched process named `embedder`, when one was given.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[serde(default)]
 pub struct EmbedLiveRecord {
-    /// Calls per second asked for.
-    pub rate_per_s: f64,
-    /// Calls answered.
+    /// `rate` (a fixed rate of calls) or `closed-loop` (a fixed number in flight).
+    pub mode: String,
+    /// Calls per second asked for, in `rate` mode.
+    pub rate_per_s: Option<f64>,
+    /// Calls in flight, in `closed-loop` mode.
+    pub concurrency: Option<usize>,
+    /// Texts per call.
+    pub batch: usize,
+    /// Calls answered within the measured phase.
     pub ok: u64,
-    /// Calls that failed.
+    /// Calls failed within the measured phase.
     pub failed: u64,
+    /// Texts embedded by the answered calls.
+    pub embeddings: u64,
+    /// Seconds counted (the measured phase).
+    pub seconds: f64,
+    /// Texts embedded per second of the measured phase.
+    pub embeddings_per_second: f64,
+    /// Latency of the answered calls.
+    pub latency_ms: Option<Percentiles>,
+    /// The first failure, verbatim.
+    pub first_error: Option<String>,
+}
+
+impl EmbedLiveRecord {
+    /// How the load was paced, in words: "closed loop, 2 in flight" or "5 calls/s asked".
+    pub fn pace(&self) -> String {
+        match (self.rate_per_s, self.concurrency) {
+            (Some(rate), _) => format!("{rate} calls/s asked"),
+            (None, Some(n)) => format!("closed loop, {n} in flight"),
+            (None, None) => self.mode.clone(),
+        }
+    }
+
+    /// The record of a live load that ran at `pace` with `batch` texts per call.
+    pub fn new(pace: LivePace, batch: usize, outcome: LiveOutcome) -> Self {
+        let (mode, rate_per_s, concurrency) = match pace {
+            LivePace::Rate(rate) => ("rate", Some(rate), None),
+            LivePace::ClosedLoop(n) => ("closed-loop", None, Some(n)),
+        };
+        Self {
+            mode: mode.to_owned(),
+            rate_per_s,
+            concurrency,
+            batch,
+            ok: outcome.ok,
+            failed: outcome.failed,
+            embeddings: outcome.embeddings,
+            seconds: outcome.seconds,
+            embeddings_per_second: if outcome.seconds > 0.0 {
+                outcome.embeddings as f64 / outcome.seconds
+            } else {
+                0.0
+            },
+            latency_ms: Percentiles::from_us(&outcome.latency_us),
+            first_error: outcome.first_error,
+        }
+    }
 }
 
 /// How a run was configured, as its result records it: what reports read, typed, and

@@ -142,11 +142,27 @@ pub fn render(r: &RunResult) -> String {
         ))
     );
     if let Some(e) = &r.embed_live {
+        let pace = e.pace();
+        let latency = e
+            .latency_ms
+            .as_ref()
+            .map(|l| format!(", call latency p50 {:.1} ms p99 {:.1} ms", l.p50, l.p99))
+            .unwrap_or_default();
+        let cpu = r
+            .cpu
+            .watched
+            .iter()
+            .find(|p| p.name == "embedder")
+            .map(|p| format!(", embedder CPU {:.0} % of a core", p.percent_of_core))
+            .unwrap_or_default();
         let _ = writeln!(
             s,
-            "live embeddings: {} ok, {} failed at {}/s",
-            e.ok, e.failed, e.rate_per_s
+            "co-located embeddings ({pace}, {} texts a call): {:.1} embeddings/s, {} calls ok, {} failed{latency}{cpu}",
+            e.batch, e.embeddings_per_second, e.ok, e.failed
         );
+        if let Some(error) = &e.first_error {
+            let _ = writeln!(s, "  first embedding failure: {error}");
+        }
     }
     for warning in &r.warnings {
         let _ = writeln!(s, "WARNING: {warning}");

@@ -81,3 +81,47 @@ pub fn base_args(target: &str, collection: &str) -> Vec<String> {
         "none",
     ])
 }
+
+/// What `loadgen run` is pointed at in these tests: embedded-qdrant behind two proxies, REST
+/// (aws-lc-rs, P-256, HTTP/1.1 to the upstream) and gRPC (ring, RSA-2048, h2c).
+pub struct LoadgenStack {
+    pub qdrant: EmbeddedQdrant,
+    pub rest: ProxyProcess,
+    pub grpc: ProxyProcess,
+}
+
+impl LoadgenStack {
+    /// The stack at its defaults.
+    pub fn start() -> Self {
+        Self::start_with(&[])
+    }
+
+    /// The stack with further embedded-qdrant flags (e.g. `--api-key`).
+    pub fn start_with(qdrant_flags: &[&str]) -> Self {
+        let data = temp_dir("lg-data");
+        let qdrant = EmbeddedQdrant::start_with(&data, qdrant_flags);
+        let rest = ProxyProcess::start(
+            &format!("http://{}", qdrant.rest),
+            ProviderName::AwsLcRs,
+            CertAlgorithmName::EcdsaP256,
+            &[],
+        );
+        let grpc = ProxyProcess::start(
+            &format!("http://{}", qdrant.grpc),
+            ProviderName::Ring,
+            CertAlgorithmName::Rsa2048,
+            &["--upstream-protocol", "h2c"],
+        );
+        Self { qdrant, rest, grpc }
+    }
+}
+
+/// The number at `path` in a result's JSON; panics naming the path when it is missing.
+pub fn num(v: &serde_json::Value, path: &[&str]) -> f64 {
+    let mut cur = v;
+    for p in path {
+        cur = &cur[*p];
+    }
+    cur.as_f64()
+        .unwrap_or_else(|| panic!("{} missing in {v:#}", path.join(".")))
+}

@@ -8,6 +8,7 @@
 
 mod client;
 mod containers;
+mod embedder;
 mod loadgen_run;
 mod prometheus_server;
 mod proxy_process;
@@ -16,6 +17,7 @@ mod upstreams;
 
 pub use client::*;
 pub use containers::*;
+pub use embedder::*;
 pub use loadgen_run::*;
 pub use prometheus_server::*;
 pub use proxy_process::*;
@@ -43,6 +45,42 @@ use sha2::{Digest, Sha256};
 use tokio::net::TcpStream;
 use tokio_rustls::client::TlsStream;
 use tokio_rustls::TlsConnector;
+
+/// The workspace root.
+pub fn repo_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("workspace root")
+        .to_owned()
+}
+
+/// Runs one of the tests' installers (`script`, relative to the workspace) once per test
+/// binary and returns the folder it installed into: `$env` when set, else
+/// `~/.cache/vector-tls-proxy/<default>`. The installers are idempotent and quick when
+/// everything is there (`.ci/run` runs them first); PyPI is reachable from these machines.
+pub fn installed(script: &'static str, env: &str, default: &str) -> PathBuf {
+    static DONE: std::sync::Mutex<Vec<(&'static str, PathBuf)>> = std::sync::Mutex::new(Vec::new());
+    // Held while installing: a second test waits for the first install instead of racing it.
+    let mut done = DONE.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some((_, dir)) = done.iter().find(|(s, _)| *s == script) {
+        return dir.clone();
+    }
+    let dir = std::env::var_os(env).map_or_else(
+        || {
+            PathBuf::from(std::env::var_os("HOME").expect("HOME"))
+                .join(".cache/vector-tls-proxy")
+                .join(default)
+        },
+        PathBuf::from,
+    );
+    let status = Command::new(repo_root().join(script))
+        .env(env, &dir)
+        .status()
+        .unwrap_or_else(|e| panic!("{script}: {e}"));
+    assert!(status.success(), "{script} failed");
+    done.push((script, dir.clone()));
+    dir
+}
 
 /// How long any single wait in these tests may take before it is a failure.
 pub const WAIT: Duration = Duration::from_secs(30);

@@ -185,8 +185,11 @@ impl GrpcUpstream {
 }
 
 /// A stand-in for OpenVINO Model Server's OpenAI-compatible embeddings endpoint
-/// (`POST /v3/embeddings`), since OVMS cannot run here: deterministic `dim`-d unit vectors
-/// derived from each input text, in the OpenAI answer shape. Counts the calls it served.
+/// (`POST /v3/embeddings`) for the faults a real server cannot be made to show on demand:
+/// deterministic `dim`-d unit vectors derived from each input text, in the OpenAI answer
+/// shape, and, with [`FakeOvms::stalling_after`], a server that stops answering mid-corpus.
+/// The real model's server (tests/embedder/server.py) serves every other test. Counts the
+/// calls it served.
 pub struct FakeOvms {
     pub addr: SocketAddr,
     pub calls: Arc<std::sync::atomic::AtomicU64>,
@@ -195,11 +198,22 @@ pub struct FakeOvms {
 
 impl FakeOvms {
     pub fn start(dim: usize) -> Self {
+        Self::stalling_after(dim, u64::MAX)
+    }
+
+    /// Answers the first `answered` calls, then accepts calls and never answers them (a
+    /// server wedged mid-corpus).
+    pub fn stalling_after(dim: usize, answered: u64) -> Self {
         let calls = Arc::new(std::sync::atomic::AtomicU64::new(0));
         let counter = calls.clone();
         let (addr, guard) = spawn_http_server(move |req| {
             let counter = counter.clone();
-            async move { fake_embeddings(req, dim, &counter).await }
+            async move {
+                if counter.load(std::sync::atomic::Ordering::Relaxed) >= answered {
+                    std::future::pending::<()>().await;
+                }
+                fake_embeddings(req, dim, &counter).await
+            }
         });
         Self {
             addr,

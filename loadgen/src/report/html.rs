@@ -3,7 +3,7 @@
 use std::fmt::Write;
 
 use super::chart::{bar_chart, first_reason};
-use super::{format_value, Figure, Report, METRICS};
+use super::{format_value, Figure, Report};
 
 fn esc(s: &str) -> String {
     s.replace('&', "&amp;")
@@ -38,7 +38,7 @@ pub fn render(r: &Report) -> String {
         r.repeats.max(1)
     );
     let _ = writeln!(s, "<h2>Charts</h2>\n<div class=\"charts\">");
-    for m in METRICS.iter().filter(|m| m.charted) {
+    for m in r.metrics().into_iter().filter(|m| m.charted) {
         let _ = writeln!(s, "<figure id=\"chart-{}\">{}", m.key, bar_chart(r, m));
         if let Some(reason) = first_reason(r, m) {
             let _ = writeln!(
@@ -64,7 +64,7 @@ pub fn render(r: &Report) -> String {
             let _ = writeln!(s, "</ul>");
         }
         let _ = writeln!(s, "<table><tr><th>provider</th>");
-        for m in METRICS {
+        for m in r.metrics() {
             let _ = write!(
                 s,
                 "<th>{}<br><small>{}</small></th>",
@@ -75,7 +75,7 @@ pub fn render(r: &Report) -> String {
         let _ = writeln!(s, "</tr>");
         for p in &r.providers {
             let _ = write!(s, "<tr><td>{}</td>", esc(p.as_str()));
-            for m in METRICS {
+            for m in r.metrics() {
                 match r.figure(p, a, m.key) {
                     Some(f @ Figure::Value { .. }) => {
                         let ratio = r.ratio(p, a, m);

@@ -2,7 +2,7 @@
 
 use std::fmt::Write;
 
-use super::{format_value, Figure, Report, METRICS};
+use super::{format_value, Figure, Report};
 
 pub fn render(r: &Report) -> String {
     let mut s = String::new();
@@ -32,14 +32,14 @@ pub fn render(r: &Report) -> String {
         }
         let mut header = String::from("| provider |");
         let mut rule = String::from("|---|");
-        for m in METRICS {
+        for m in r.metrics() {
             let _ = write!(header, " {} ({}) |", m.title, m.unit);
             rule.push_str("---:|");
         }
         let _ = writeln!(s, "{header}\n{rule}");
         for p in &r.providers {
             let mut row = format!("| {p} |");
-            for m in METRICS {
+            for m in r.metrics() {
                 match r.figure(p, a, m.key) {
                     Some(f @ Figure::Value { .. }) => {
                         let ratio = r

@@ -49,6 +49,9 @@ pub struct Metric {
     pub better: Better,
     /// Drawn as a chart in the HTML.
     pub charted: bool,
+    /// Shown only when some cell measured it (the co-located embedding load is optional: a
+    /// comparison without one gets no empty columns for it).
+    pub optional: bool,
     /// Reads it from one result, or says why it cannot.
     pub extract: fn(&RunResult) -> Result<f64, String>,
 }
@@ -103,6 +106,7 @@ pub const METRICS: &[Metric] = &[
         unit: "requests/s",
         better: Better::Higher,
         charted: true,
+        optional: false,
         extract: |r| Ok(r.requests_per_second),
     },
     Metric {
@@ -111,6 +115,7 @@ pub const METRICS: &[Metric] = &[
         unit: "ms",
         better: Better::Lower,
         charted: true,
+        optional: false,
         extract: |r| latency(r, |l| l.p50),
     },
     Metric {
@@ -119,6 +124,7 @@ pub const METRICS: &[Metric] = &[
         unit: "ms",
         better: Better::Lower,
         charted: false,
+        optional: false,
         extract: |r| latency(r, |l| l.p99),
     },
     Metric {
@@ -127,6 +133,7 @@ pub const METRICS: &[Metric] = &[
         unit: "MB/s",
         better: Better::Higher,
         charted: true,
+        optional: false,
         extract: |r| Ok(r.payload_mb_per_second),
     },
     Metric {
@@ -135,6 +142,7 @@ pub const METRICS: &[Metric] = &[
         unit: "% of all cores",
         better: Better::Lower,
         charted: true,
+        optional: false,
         extract: system_cpu,
     },
     Metric {
@@ -143,6 +151,7 @@ pub const METRICS: &[Metric] = &[
         unit: "% of one core",
         better: Better::Lower,
         charted: false,
+        optional: false,
         extract: |r| {
             let secs = proxy_cpu(r)?;
             if r.measured_seconds > 0.0 {
@@ -158,6 +167,7 @@ pub const METRICS: &[Metric] = &[
         unit: "% of all cores idle",
         better: Better::Higher,
         charted: false,
+        optional: false,
         extract: |r| system_cpu(r).map(|u| 100.0 - u),
     },
     Metric {
@@ -166,6 +176,7 @@ pub const METRICS: &[Metric] = &[
         unit: "requests/s per W",
         better: Better::Higher,
         charted: true,
+        optional: false,
         extract: |r| {
             let (w, _) = watts(r)?;
             if w > 0.0 {
@@ -181,6 +192,7 @@ pub const METRICS: &[Metric] = &[
         unit: "J per 1000 requests",
         better: Better::Lower,
         charted: false,
+        optional: false,
         extract: |r| {
             let (_, j) = watts(r)?;
             Ok(1000.0 * j / per_ok(r)?)
@@ -192,6 +204,7 @@ pub const METRICS: &[Metric] = &[
         unit: "requests/CPU-s",
         better: Better::Higher,
         charted: false,
+        optional: false,
         extract: |r| {
             let secs = proxy_cpu(r)?;
             if secs > 0.0 {
@@ -207,6 +220,7 @@ pub const METRICS: &[Metric] = &[
         unit: "ms CPU (incl. the request)",
         better: Better::Lower,
         charted: true,
+        optional: false,
         extract: |r| match (&r.proxy_metrics.value, &r.proxy_metrics.reason) {
             (Some(m), _) => m
                 .cpu_seconds_per_handshake
@@ -223,7 +237,68 @@ pub const METRICS: &[Metric] = &[
             },
         },
     },
+    Metric {
+        key: "embeddings_per_second",
+        title: "Co-located embeddings",
+        unit: "embeddings/s",
+        better: Better::Higher,
+        charted: true,
+        optional: true,
+        extract: |r| {
+            let live = embed_live(r)?;
+            if live.ok == 0 {
+                return Err(format!(
+                    "no embedding call answered ({} failed{})",
+                    live.failed,
+                    live.first_error
+                        .as_deref()
+                        .map(|e| format!(": {e}"))
+                        .unwrap_or_default()
+                ));
+            }
+            Ok(live.embeddings_per_second)
+        },
+    },
+    Metric {
+        key: "embedding_latency_p50_ms",
+        title: "Embedding call P50",
+        unit: "ms",
+        better: Better::Lower,
+        charted: false,
+        optional: true,
+        extract: |r| {
+            embed_live(r)?
+                .latency_ms
+                .as_ref()
+                .map(|l| l.p50)
+                .ok_or_else(|| "no embedding call answered".to_owned())
+        },
+    },
+    Metric {
+        key: "embedder_cpu_percent",
+        title: "CPU the embedder got",
+        unit: "% of one core",
+        better: Better::Higher,
+        charted: false,
+        optional: true,
+        extract: |r| {
+            embed_live(r)?;
+            r.cpu
+                .watched
+                .iter()
+                .find(|p| p.name == "embedder")
+                .map(|p| p.percent_of_core)
+                .ok_or_else(|| "embedder CPU not watched (--watch-pid embedder=PID)".to_owned())
+        },
+    },
 ];
+
+/// The co-located embedding load of a run, or why there is none.
+fn embed_live(r: &RunResult) -> Result<&crate::result::EmbedLiveRecord, String> {
+    r.embed_live
+        .as_ref()
+        .ok_or_else(|| "no co-located embedding load in this run".to_owned())
+}
 
 /// One figure of one provider x algorithm, over its repeats.
 #[derive(Clone, Debug)]
@@ -278,6 +353,21 @@ pub struct Report {
 }
 
 impl Report {
+    /// The metrics the tables, charts and CSV show: every figure, and each optional one
+    /// that at least one cell measured.
+    pub fn metrics(&self) -> Vec<&'static Metric> {
+        METRICS
+            .iter()
+            .filter(|m| {
+                !m.optional
+                    || self
+                        .figures
+                        .values()
+                        .any(|f| matches!(f.get(m.key), Some(Figure::Value { .. })))
+            })
+            .collect()
+    }
+
     /// One metric of one cell.
     pub fn figure(
         &self,
@@ -687,6 +777,27 @@ fn verdicts(r: &Report) -> Vec<(String, Vec<String>)> {
 }
 
 fn setup_facts(r: &RunResult) -> Vec<(String, String)> {
+    let mut facts = run_facts(r);
+    if let Some(e) = &r.embed_live {
+        let pace = e.pace();
+        let model = r
+            .config
+            .other
+            .get("embeddings_model")
+            .and_then(|v| v.as_str())
+            .unwrap_or("unknown");
+        facts.push((
+            "Co-located embedding".into(),
+            format!(
+                "the pipeline's first stage beside ingestion on the same host: {pace}, {} texts a call, model {model}; the same load in every cell, so its embeddings/s is what each provider left it",
+                e.batch
+            ),
+        ));
+    }
+    facts
+}
+
+fn run_facts(r: &RunResult) -> Vec<(String, String)> {
     let c = &r.config;
     let or_default = |v: Option<&str>| v.unwrap_or("default").to_owned();
     let w = &r.workload;
@@ -830,7 +941,7 @@ pub fn csv(r: &Report) -> String {
     );
     for a in &r.algorithms {
         for p in &r.providers {
-            for m in METRICS {
+            for m in r.metrics() {
                 let Some(f) = r.figure(p, a, m.key) else {
                     let reason = r
                         .failures

@@ -119,9 +119,22 @@ pub struct RunArgs {
     /// Use at most this many corpus chunks (0: all).
     #[arg(long, default_value_t = 0)]
     pub max_chunks: usize,
-    /// Also send embedding requests at this rate (batches/s) during the measured phase.
+    /// Also send embedding requests at this fixed rate (batches/s) during the run: a
+    /// background load of known size.
     #[arg(long)]
     pub embed_live: Option<f64>,
+    /// The pipeline's first stage live beside ingestion, closed loop: this many embedding
+    /// calls in flight (each --embed-batch corpus chunks), the next sent as soon as one is
+    /// answered, so the embedder gets all the host leaves it (the study's maximum-throughput
+    /// mode). Its embeddings/s and latency are recorded, and its CPU with
+    /// --watch-pid embedder=PID.
+    #[arg(long, conflicts_with = "embed_live")]
+    pub embed_concurrency: Option<usize>,
+    /// An embeddings call not answered by then has failed (a stalled server): while
+    /// preparing vectors the run stops with that error and caches nothing.
+    #[arg(long, default_value = "120s")]
+    #[serde(serialize_with = "serialize_duration")]
+    pub embed_timeout: humantime::Duration,
 
     /// new | reuse | per-n=N: a new TLS connection per request, keep-alive, or a new one
     /// every N requests.
@@ -434,8 +447,19 @@ impl RunArgs {
             }
             _ => {}
         }
-        if self.embed_live.is_some() {
+        if let Some(rate) = self.embed_live {
+            if !(rate.is_finite() && rate > 0.0) {
+                bail!("--embed-live must be a rate above 0 calls per second");
+            }
+        }
+        if self.embed_concurrency == Some(0) {
+            bail!("--embed-concurrency must be at least 1");
+        }
+        if self.embed_live.is_some() || self.embed_concurrency.is_some() {
             embeddings_options(self)?;
+        }
+        if self.embed_timeout.is_zero() {
+            bail!("--embed-timeout must be above 0");
         }
         match self.power {
             PowerChoice::Redfish if self.redfish.is_none() => {

@@ -30,7 +30,7 @@ use crate::client::{Connector, Protocol, Target};
 use crate::driver::{self, DriverConfig, Mode};
 use crate::probe::{self, PowerSource, ProbeConfig, Watched};
 use crate::result::*;
-use crate::vectors::{self, EmbeddingsClient, LiveEmbedder, VectorSet};
+use crate::vectors::{self, EmbeddingsClient, LiveEmbedder, LivePace, VectorSet};
 use crate::workload::{id_base_for_run, UpsertSpec, Workload, TEMPLATE_VARIANTS};
 
 /// A run, decided before anything is changed: every flag checked (`RunArgs::check`) and
@@ -289,12 +289,24 @@ async fn measure(
             },
         )
     });
-    let live = match args.embed_live {
-        Some(rate) => {
+    let pace = match (args.embed_live, args.embed_concurrency) {
+        (Some(rate), _) => Some(LivePace::Rate(rate)),
+        (None, Some(concurrency)) => Some(LivePace::ClosedLoop(concurrency)),
+        (None, None) => None,
+    };
+    let live = match pace {
+        Some(pace) => {
             let opts = embeddings_options(args)?;
-            let texts = vectors::chunk_corpus(&opts.corpus, opts.chunk_chars)?;
+            let mut texts = vectors::chunk_corpus(&opts.corpus, opts.chunk_chars)?;
+            if opts.max_chunks > 0 {
+                texts.truncate(opts.max_chunks);
+            }
             let client = EmbeddingsClient::new(&opts.url, &opts.model, embeddings_http(args)?);
-            Some((rate, LiveEmbedder::start(client, texts, opts.batch, rate)))
+            Some((
+                pace,
+                opts.batch,
+                LiveEmbedder::start(client, texts, opts.batch, pace),
+            ))
         }
         None => None,
     };
@@ -312,6 +324,9 @@ async fn measure(
     };
     let (probes, outcome) = if warmup.is_zero() {
         let probes = probe_config.start().await;
+        if let Some((_, _, live)) = &live {
+            live.start_counting();
+        }
         let outcome = driver::run(
             prepared.workload.clone(),
             prepared.connector.clone(),
@@ -332,20 +347,18 @@ async fn measure(
             _ = stop.cancelled() => {}
         }
         let probes = probe_config.start().await;
+        if let Some((_, _, live)) = &live {
+            live.start_counting();
+        }
         (probes, driver_task.await.context("driver task")?)
     };
-    let finished = probes.finish(outcome.ok).await;
+    // The live load stops with the driver, before the probes' last reading, so both cover
+    // the same seconds.
     let embed_live = match live {
-        Some((rate, l)) => {
-            let (ok, failed) = l.stop().await;
-            Some(EmbedLiveRecord {
-                rate_per_s: rate,
-                ok,
-                failed,
-            })
-        }
+        Some((pace, batch, live)) => Some(EmbedLiveRecord::new(pace, batch, live.stop().await)),
         None => None,
     };
+    let finished = probes.finish(outcome.ok).await;
     Ok((outcome, finished, embed_live))
 }
 

@@ -3,7 +3,6 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context, Result};
 
@@ -75,7 +74,7 @@ pub(super) fn embeddings_http(args: &RunArgs) -> Result<Options> {
             None
         },
         headers: Vec::new(),
-        timeout: Some(Duration::from_secs(120)),
+        timeout: Some(*args.embed_timeout),
         ..Default::default()
     })
 }

@@ -5,12 +5,13 @@
 //! re-embed.
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
 use bytes::Bytes;
+use hdrhistogram::Histogram;
 use http::Method;
 use tokio_util::sync::CancellationToken;
 
@@ -229,63 +230,207 @@ pub async fn load_or_embed(opts: &EmbeddingsOptions, http: Options) -> Result<(V
     Ok((set, false))
 }
 
-/// Embedding requests at a fixed rate in the background (`--embed-live`), so the proxy and
-/// the database share the machine with an embedding stage as in a live pipeline.
+/// How the co-located embedding load is paced during a run.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum LivePace {
+    /// A fixed rate of calls per second, whatever the server manages (`--embed-live`): a
+    /// background load of known size.
+    Rate(f64),
+    /// This many calls in flight, the next sent as soon as one is answered
+    /// (`--embed-concurrency`): the study's maximum-throughput mode, where what the embedder
+    /// achieves is what the host leaves it.
+    ClosedLoop(usize),
+}
+
+/// What the live embedding load achieved over the measured phase.
+#[derive(Debug)]
+pub struct LiveOutcome {
+    /// Calls answered within the measured phase.
+    pub ok: u64,
+    /// Calls failed within the measured phase.
+    pub failed: u64,
+    /// Texts embedded by the answered calls.
+    pub embeddings: u64,
+    /// Seconds counted: from the measured phase's start to the stop.
+    pub seconds: f64,
+    /// Latency of the answered calls, microseconds.
+    pub latency_us: Histogram<u64>,
+    /// The first failure's message, for the result's reader.
+    pub first_error: Option<String>,
+}
+
+/// Counts of the live load; only calls that end while `counting` is set are recorded, so
+/// the warm-up's calls load the host without entering the figures.
+struct LiveTally {
+    counting: AtomicBool,
+    counting_since: Mutex<Option<Instant>>,
+    ok: AtomicU64,
+    failed: AtomicU64,
+    embeddings: AtomicU64,
+    latency_us: Mutex<Histogram<u64>>,
+    first_error: Mutex<Option<String>>,
+}
+
+impl LiveTally {
+    fn record(&self, started: Instant, texts: usize, result: &Result<Vec<Vec<f32>>>) {
+        if !self.counting.load(Ordering::Relaxed) {
+            return;
+        }
+        match result {
+            Ok(_) => {
+                self.ok.fetch_add(1, Ordering::Relaxed);
+                self.embeddings.fetch_add(texts as u64, Ordering::Relaxed);
+                let us = started.elapsed().as_micros().min(u128::from(u64::MAX)) as u64;
+                if let Ok(mut h) = self.latency_us.lock() {
+                    h.saturating_record(us.max(1));
+                }
+            }
+            Err(e) => {
+                self.failed.fetch_add(1, Ordering::Relaxed);
+                if let Ok(mut first) = self.first_error.lock() {
+                    first.get_or_insert_with(|| format!("{e:#}"));
+                }
+            }
+        }
+    }
+}
+
+/// The co-located embedding load (`--embed-live`, `--embed-concurrency`): embedding calls
+/// beside ingestion, as the study's pipeline runs its first stage on the same host. It
+/// starts before the warm-up, so the host is loaded from the first measured request, and
+/// counts from [`LiveEmbedder::start_counting`].
 pub struct LiveEmbedder {
-    /// Requests answered so far.
-    pub ok: Arc<AtomicU64>,
-    /// Requests failed so far.
-    pub failed: Arc<AtomicU64>,
-    handle: tokio::task::JoinHandle<()>,
+    tally: Arc<LiveTally>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
     stop: CancellationToken,
 }
 
 impl LiveEmbedder {
-    /// Starts sending batches of `batch` of `texts` at `rate` requests per second.
-    pub fn start(client: EmbeddingsClient, texts: Vec<String>, batch: usize, rate: f64) -> Self {
-        let ok = Arc::new(AtomicU64::new(0));
-        let failed = Arc::new(AtomicU64::new(0));
-        let stop = CancellationToken::new();
-        let (ok2, failed2, stop2) = (ok.clone(), failed.clone(), stop.clone());
-        let handle = tokio::spawn(async move {
-            let client = Arc::new(client);
-            let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / rate.max(1e-3)));
-            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            let mut i = 0usize;
-            loop {
-                tokio::select! {
-                    _ = tick.tick() => {}
-                    _ = stop2.cancelled() => return,
-                }
-                let n = batch.max(1).min(texts.len());
-                let batch_texts: Vec<String> = (0..n)
-                    .map(|k| texts[(i + k) % texts.len()].clone())
-                    .collect();
-                i += n;
-                let (client, ok, failed) = (client.clone(), ok2.clone(), failed2.clone());
-                tokio::spawn(async move {
-                    match client.embed(&batch_texts).await {
-                        Ok(_) => ok.fetch_add(1, Ordering::Relaxed),
-                        Err(_) => failed.fetch_add(1, Ordering::Relaxed),
-                    };
-                });
-            }
+    /// Starts sending batches of `batch` of `texts` (cycled in order) at `pace`.
+    pub fn start(
+        client: EmbeddingsClient,
+        texts: Vec<String>,
+        batch: usize,
+        pace: LivePace,
+    ) -> Self {
+        let tally = Arc::new(LiveTally {
+            counting: AtomicBool::new(false),
+            counting_since: Mutex::new(None),
+            ok: AtomicU64::new(0),
+            failed: AtomicU64::new(0),
+            embeddings: AtomicU64::new(0),
+            latency_us: Mutex::new(
+                Histogram::new_with_bounds(1, 3_600_000_000, 3).expect("histogram bounds"),
+            ),
+            first_error: Mutex::new(None),
         });
-        Self {
-            ok,
-            failed,
-            handle,
-            stop,
-        }
+        let stop = CancellationToken::new();
+        let client = Arc::new(client);
+        let texts: Arc<[String]> = texts.into();
+        let batch = batch.max(1).min(texts.len().max(1));
+        // Each call takes the next `batch` texts of the corpus, wrapping around.
+        let cursor = Arc::new(AtomicU64::new(0));
+        let next_batch = {
+            let (texts, cursor) = (texts.clone(), cursor.clone());
+            move || -> Vec<String> {
+                let first = cursor.fetch_add(batch as u64, Ordering::Relaxed) as usize;
+                (0..batch)
+                    .map(|k| texts[(first + k) % texts.len()].clone())
+                    .collect()
+            }
+        };
+        let tasks = match pace {
+            LivePace::Rate(rate) => {
+                let (client, tally, stop) = (client.clone(), tally.clone(), stop.clone());
+                vec![tokio::spawn(async move {
+                    let mut tick =
+                        tokio::time::interval(Duration::from_secs_f64(1.0 / rate.max(1e-3)));
+                    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                    loop {
+                        tokio::select! {
+                            _ = tick.tick() => {}
+                            _ = stop.cancelled() => return,
+                        }
+                        let batch_texts = next_batch();
+                        let (client, tally, stop) = (client.clone(), tally.clone(), stop.clone());
+                        tokio::spawn(async move {
+                            let started = Instant::now();
+                            tokio::select! {
+                                r = client.embed(&batch_texts) => {
+                                    tally.record(started, batch_texts.len(), &r)
+                                }
+                                _ = stop.cancelled() => {}
+                            }
+                        });
+                    }
+                })]
+            }
+            LivePace::ClosedLoop(concurrency) => (0..concurrency.max(1))
+                .map(|_| {
+                    let (client, tally, stop) = (client.clone(), tally.clone(), stop.clone());
+                    let next_batch = next_batch.clone();
+                    tokio::spawn(async move {
+                        loop {
+                            let batch_texts = next_batch();
+                            let started = Instant::now();
+                            let result = tokio::select! {
+                                r = client.embed(&batch_texts) => r,
+                                // A call cut off by the stop is neither answered nor failed.
+                                _ = stop.cancelled() => return,
+                            };
+                            let failed = result.is_err();
+                            tally.record(started, batch_texts.len(), &result);
+                            if failed {
+                                // A refusing server is not hammered in a tight loop.
+                                tokio::select! {
+                                    _ = tokio::time::sleep(Duration::from_millis(100)) => {}
+                                    _ = stop.cancelled() => return,
+                                }
+                            }
+                        }
+                    })
+                })
+                .collect(),
+        };
+        Self { tally, tasks, stop }
     }
 
-    /// Stops, and returns (answered, failed).
-    pub async fn stop(self) -> (u64, u64) {
+    /// From now on, calls that end are counted: the measured phase has begun.
+    pub fn start_counting(&self) {
+        if let Ok(mut since) = self.tally.counting_since.lock() {
+            since.get_or_insert_with(Instant::now);
+        }
+        self.tally.counting.store(true, Ordering::Relaxed);
+    }
+
+    /// Stops the load (calls in flight are abandoned, uncounted) and returns what the
+    /// measured phase saw.
+    pub async fn stop(self) -> LiveOutcome {
+        self.tally.counting.store(false, Ordering::Relaxed);
+        let seconds = self
+            .tally
+            .counting_since
+            .lock()
+            .ok()
+            .and_then(|s| *s)
+            .map_or(0.0, |since| since.elapsed().as_secs_f64());
         self.stop.cancel();
-        let _ = self.handle.await;
-        (
-            self.ok.load(Ordering::Relaxed),
-            self.failed.load(Ordering::Relaxed),
-        )
+        for task in self.tasks {
+            let _ = task.await;
+        }
+        let tally = &self.tally;
+        let latency_us = tally
+            .latency_us
+            .lock()
+            .map(|h| h.clone())
+            .unwrap_or_else(|_| Histogram::new(3).expect("histogram"));
+        LiveOutcome {
+            ok: tally.ok.load(Ordering::Relaxed),
+            failed: tally.failed.load(Ordering::Relaxed),
+            embeddings: tally.embeddings.load(Ordering::Relaxed),
+            seconds,
+            latency_us,
+            first_error: tally.first_error.lock().ok().and_then(|e| e.clone()),
+        }
     }
 }

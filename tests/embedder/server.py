@@ -27,6 +27,10 @@ Inference runs one batch at a time (OpenVINO spreads each over the cores), as on
 infer request would; HTTP requests are served on threads, so a slow client holds nothing.
 
 Usage: server.py --model-dir IR_DIR --model-name NAME [--port 0] [--max-batch 256]
+               [--pooling MEAN|CLS|LAST]
+It also takes OVMS's own flags, so that it runs under a compose file written for OVMS's
+image: --rest_port (the port), --source_model (the name clients send), --pooling, and
+--model_repository_path and --task (accepted; the model is the one in --model-dir).
 On start it prints one line, "listening on HOST:PORT", then serves until SIGTERM.
 """
 
@@ -54,9 +58,15 @@ class Refused(Exception):
 class Embedder:
     """The model and its tokenizer, compiled once; `embed` is serialised by a lock."""
 
-    def __init__(self, model_dir, max_batch):
+    POOLING = {
+        "MEAN": genai.TextEmbeddingPipeline.PoolingType.MEAN,
+        "CLS": genai.TextEmbeddingPipeline.PoolingType.CLS,
+        "LAST": genai.TextEmbeddingPipeline.PoolingType.LAST_TOKEN,
+    }
+
+    def __init__(self, model_dir, max_batch, pooling="MEAN"):
         config = genai.TextEmbeddingPipeline.Config()
-        config.pooling_type = genai.TextEmbeddingPipeline.PoolingType.MEAN
+        config.pooling_type = self.POOLING[pooling]
         config.normalize = True
         self.pipeline = genai.TextEmbeddingPipeline(model_dir, "CPU", config)
         self.tokenizer = genai.Tokenizer(model_dir)
@@ -178,13 +188,18 @@ def make_handler(embedder, model_name):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model-dir", required=True, help="OpenVINO IR directory (convert.py's output)")
-    parser.add_argument("--model-name", required=True, help="the name clients send as \"model\"")
+    parser.add_argument("--model-name", "--source_model", dest="model_name", required=True,
+                        help="the name clients send as \"model\"")
     parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--port", "--rest_port", dest="port", type=int, default=0)
     parser.add_argument("--max-batch", type=int, default=256)
+    parser.add_argument("--pooling", choices=sorted(Embedder.POOLING), default="MEAN",
+                        help="MEAN for sentence-transformers models; OVMS's LAST is Qwen3-Embedding's")
+    parser.add_argument("--model_repository_path", help="OVMS's; accepted and unused")
+    parser.add_argument("--task", choices=["embeddings"], help="OVMS's; only embeddings is served")
     args = parser.parse_args()
 
-    embedder = Embedder(args.model_dir, args.max_batch)
+    embedder = Embedder(args.model_dir, args.max_batch, args.pooling)
     server = ThreadingHTTPServer((args.host, args.port), make_handler(embedder, args.model_name))
     server.daemon_threads = True
     signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=server.shutdown).start())

@@ -5,12 +5,13 @@
 //! Module map: [`vectors`] (where vectors come from), [`workload`] (request bodies, built
 //! before timing), [`client`] (TLS client, connections, Qdrant set-up calls), [`driver`]
 //! (closed and open loop), [`probe`] (CPU, power, proxy metrics), [`result`] (the JSON
-//! result), [`summary`] (the human summary), [`run`] (one run, end to end), [`compare`] (the
-//! provider x algorithm matrix), [`report`] (Markdown, CSV and HTML from the JSON),
-//! [`bench`](mod@bench) (the terminator benchmark: our proxy beside nginx and HAProxy).
+//! result), [`summary`] (the human summary), [`run`] (one run, end to end), [`procs`] (the
+//! processes compare and bench start and stop), [`compare`] (the provider x algorithm
+//! matrix), [`report`] (Markdown, CSV and HTML from the JSON), [`bench`](mod@bench) (the
+//! terminator benchmark: our proxy beside nginx and HAProxy).
 
 // Unsafe code is three libc calls, each allowed where it is and said why there:
-// `probe::cpu::clock_ticks` (sysconf), `compare::procs` (CPU affinity before exec) and
+// `probe::cpu::clock_ticks` (sysconf), `procs` (CPU affinity before exec) and
 // `bench::terminators` (geteuid).
 #![deny(unsafe_code)]
 #![deny(missing_docs)]
@@ -21,6 +22,7 @@ pub mod compare;
 pub mod driver;
 pub mod merge;
 pub mod probe;
+pub mod procs;
 pub mod report;
 pub mod result;
 pub mod run;

@@ -9,7 +9,9 @@ use hdrhistogram::Histogram;
 use proxy::crypto::ProviderName;
 use serde::{Deserialize, Serialize};
 
-use crate::vectors::{LiveOutcome, LivePace};
+/// The value of a congestion-control flag (and of a result's `congestion_control`) that
+/// keeps the host's default.
+pub const HOST_CONGESTION_CONTROL: &str = "host";
 
 /// The schema of run result files: `schema` of every [`RunResult`].
 pub const SCHEMA: &str = "loadgen.run/v1";
@@ -295,31 +297,6 @@ impl EmbedLiveRecord {
             (Some(rate), _) => format!("{rate} calls/s asked"),
             (None, Some(n)) => format!("closed loop, {n} in flight"),
             (None, None) => self.mode.clone(),
-        }
-    }
-
-    /// The record of a live load that ran at `pace` with `batch` texts per call.
-    pub fn new(pace: LivePace, batch: usize, outcome: LiveOutcome) -> Self {
-        let (mode, rate_per_s, concurrency) = match pace {
-            LivePace::Rate(rate) => ("rate", Some(rate), None),
-            LivePace::ClosedLoop(n) => ("closed-loop", None, Some(n)),
-        };
-        Self {
-            mode: mode.to_owned(),
-            rate_per_s,
-            concurrency,
-            batch,
-            ok: outcome.ok,
-            failed: outcome.failed,
-            embeddings: outcome.embeddings,
-            seconds: outcome.seconds,
-            embeddings_per_second: if outcome.seconds > 0.0 {
-                outcome.embeddings as f64 / outcome.seconds
-            } else {
-                0.0
-            },
-            latency_ms: Percentiles::from_us(&outcome.latency_us),
-            first_error: outcome.first_error,
         }
     }
 }

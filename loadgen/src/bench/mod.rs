@@ -32,7 +32,7 @@ use proxy::crypto::{generate_cert_set, CertAlgorithmName, ProviderName};
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
-use crate::compare::procs::sibling_binary;
+use crate::procs::sibling_binary;
 use rows::{Bench, ColumnStarter, Round, When};
 use sink::SinkMode;
 use table::{Figure, Row, Table};

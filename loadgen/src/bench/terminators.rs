@@ -19,8 +19,8 @@ use proxy::launch::{
 };
 use proxy::tls::TlsVersion;
 
-use crate::compare::procs::{self, Launched};
 use crate::probe::cpu;
+use crate::procs::{self, Launched};
 
 /// TLS 1.3 suites in the order every terminator prefers, ours included (servers choose):
 /// the comparison is of terminators, not of ciphers.

@@ -553,8 +553,9 @@ fn grpc_outcome(headers: &::http::HeaderMap) -> Result<(), Failure> {
     }
 }
 
-/// The value of a congestion-control flag that keeps the host's default.
-pub const HOST_CONGESTION_CONTROL: &str = "host";
+/// The value of a congestion-control flag that keeps the host's default (part of what a
+/// result records, so it lives in [`crate::result`]).
+pub use crate::result::HOST_CONGESTION_CONTROL;
 
 /// A congestion-control flag's value, checked before anything starts: `None` for
 /// [`HOST_CONGESTION_CONTROL`], else the name once a probe socket took it (the error has the

@@ -6,8 +6,6 @@
 //! fresh proxy per cell. Remote mode (`--proxy-admin`) switches a running proxy's provider
 //! and certificate between cells through its authenticated `POST /admin/tls`.
 
-pub mod procs;
-
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -24,10 +22,10 @@ use tokio_util::sync::CancellationToken;
 use crate::client::http::{send, Options};
 use crate::client::Protocol;
 use crate::driver::ConnectionPolicy;
+use crate::procs::{self, sibling_binary, CpuList, Launched};
 use crate::result::{Cell, CellFailure, FAILURE_SCHEMA};
 use crate::result::{CellProvider, OnOff, TlsVersion};
 use crate::run::{self, RunArgs};
-use procs::{sibling_binary, CpuList, Launched};
 
 /// How long each cell runs, and how many rounds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, ValueEnum)]

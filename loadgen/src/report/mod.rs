@@ -831,7 +831,7 @@ fn run_facts(r: &RunResult) -> Vec<(String, String)> {
                 c.kx,
                 c.concurrency,
                 match c.congestion_control.as_deref() {
-                    None | Some(crate::client::HOST_CONGESTION_CONTROL) => "the host's default",
+                    None | Some(crate::result::HOST_CONGESTION_CONTROL) => "the host's default",
                     Some(name) => name,
                 }
             ),

@@ -13,8 +13,6 @@ use crate::driver::ConnectionPolicy;
 use crate::probe;
 use crate::result::*;
 
-use super::setup::embeddings_options;
-
 /// Where the vectors of the upserts come from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, ValueEnum)]
 #[serde(rename_all = "lowercase")]
@@ -407,6 +405,20 @@ impl RunArgs {
             .filter(|name| *name != crate::client::HOST_CONGESTION_CONTROL)
     }
 
+    /// What every use of the embeddings endpoint needs: its URL and the corpus.
+    fn check_embeddings_flags(&self, what: &str) -> Result<()> {
+        if self.embeddings_url.is_none() {
+            bail!("{what} needs --embeddings-url URL");
+        }
+        if self.corpus.is_none() {
+            bail!("{what} needs --corpus FILE|DIR");
+        }
+        if self.embed_batch == 0 {
+            bail!("--embed-batch must be at least 1");
+        }
+        Ok(())
+    }
+
     /// Checks what the flags cannot say alone, before anything starts.
     pub fn check(&self) -> Result<()> {
         self.request_headers()?;
@@ -442,9 +454,7 @@ impl RunArgs {
             VectorSource::File if self.vectors_file.is_none() => {
                 bail!("--vectors file needs --vectors-file PATH")
             }
-            VectorSource::Embeddings => {
-                embeddings_options(self)?;
-            }
+            VectorSource::Embeddings => self.check_embeddings_flags("--vectors embeddings")?,
             _ => {}
         }
         if let Some(rate) = self.embed_live {
@@ -455,8 +465,11 @@ impl RunArgs {
         if self.embed_concurrency == Some(0) {
             bail!("--embed-concurrency must be at least 1");
         }
-        if self.embed_live.is_some() || self.embed_concurrency.is_some() {
-            embeddings_options(self)?;
+        if self.embed_live.is_some() {
+            self.check_embeddings_flags("--embed-live")?;
+        }
+        if self.embed_concurrency.is_some() {
+            self.check_embeddings_flags("--embed-concurrency")?;
         }
         if self.embed_timeout.is_zero() {
             bail!("--embed-timeout must be above 0");

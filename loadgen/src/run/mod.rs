@@ -30,7 +30,7 @@ use crate::client::{Connector, Protocol, Target};
 use crate::driver::{self, DriverConfig, Mode};
 use crate::probe::{self, PowerSource, ProbeConfig, Watched};
 use crate::result::*;
-use crate::vectors::{self, EmbeddingsClient, LiveEmbedder, LivePace, VectorSet};
+use crate::vectors::{self, EmbeddingsClient, LiveEmbedder, LiveOutcome, LivePace, VectorSet};
 use crate::workload::{id_base_for_run, UpsertSpec, Workload, TEMPLATE_VARIANTS};
 
 /// A run, decided before anything is changed: every flag checked (`RunArgs::check`) and
@@ -355,11 +355,36 @@ async fn measure(
     // The live load stops with the driver, before the probes' last reading, so both cover
     // the same seconds.
     let embed_live = match live {
-        Some((pace, batch, live)) => Some(EmbedLiveRecord::new(pace, batch, live.stop().await)),
+        Some((pace, batch, live)) => Some(embed_live_record(pace, batch, live.stop().await)),
         None => None,
     };
     let finished = probes.finish(outcome.ok).await;
     Ok((outcome, finished, embed_live))
+}
+
+/// The record of a live load that ran at `pace` with `batch` texts per call.
+fn embed_live_record(pace: LivePace, batch: usize, outcome: LiveOutcome) -> EmbedLiveRecord {
+    let (mode, rate_per_s, concurrency) = match pace {
+        LivePace::Rate(rate) => ("rate", Some(rate), None),
+        LivePace::ClosedLoop(n) => ("closed-loop", None, Some(n)),
+    };
+    EmbedLiveRecord {
+        mode: mode.to_owned(),
+        rate_per_s,
+        concurrency,
+        batch,
+        ok: outcome.ok,
+        failed: outcome.failed,
+        embeddings: outcome.embeddings,
+        seconds: outcome.seconds,
+        embeddings_per_second: if outcome.seconds > 0.0 {
+            outcome.embeddings as f64 / outcome.seconds
+        } else {
+            0.0
+        },
+        latency_ms: Percentiles::from_us(&outcome.latency_us),
+        first_error: outcome.first_error,
+    }
 }
 
 /// What the measured phase produced, for [`read_out`].

@@ -30,8 +30,8 @@ use crate::bench::workloads::{self, Bulk, Clients, RecurringUpserts};
 use crate::bench::BenchArgs;
 use crate::client::qdrant::Admin;
 use crate::client::{Connector, Target};
-use crate::compare::procs::sibling_binary;
 use crate::driver::{self, ConnectionPolicy};
+use crate::procs::sibling_binary;
 use crate::workload::{UpsertSpec, Workload, ID_MIN, TEMPLATE_VARIANTS};
 
 /// The collection every loop upserts into, recreated on each database.

@@ -1,5 +1,6 @@
-//! The processes a local comparison starts: the upstream (embedded-qdrant) once, and a
-//! fresh proxy per cell. Each is started with a ready file (port 0 friendly), stopped with
+//! The processes loadgen starts and stops around its measurements: a comparison's upstream
+//! (embedded-qdrant) once and a fresh proxy per cell, and the bench's terminators and
+//! database. `compare` and `bench` both stand on it. Each is started with a ready file (port 0 friendly), stopped with
 //! SIGTERM and a bounded wait, and killed if it will not go.
 
 use std::path::{Path, PathBuf};

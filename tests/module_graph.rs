@@ -2,7 +2,12 @@
 //! which imports a, directly or through others) makes neither understandable alone and is
 //! the first thing a refactor trips on. This reads each crate's sources as text, takes
 //! every `crate::module` a top-level module names (in `use` lines and paths alike, `//`
-//! comments left out), and fails on any circle among top-level modules, naming it.
+//! comments left out), and fails on any circle among top-level modules, naming it. It does
+//! the same one level down, file by file: a module file (`run/args.rs`) naming a sibling or
+//! any other file (`super::setup`, `crate::compare::procs`) is an edge too, so two files
+//! of one folder that import each other fail it. A file naming its own ancestors (its
+//! parent's items, as `use super::Item` does) is how a module shares with its children,
+//! not a circle, and is left out; so is code after `#[cfg(test)]`.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -98,6 +103,135 @@ fn module_graph(src: &Path) -> BTreeMap<String, BTreeSet<String>> {
     graph
 }
 
+/// The module paths a source text names through `crate::` or `super::`, resolved against
+/// `this` (the file's own module path): `crate::a::b::C` gives `[a, b, C]`, `super::x::Y`
+/// in `run::args` gives `[run, x, Y]`; each item of a `{...}` group gives its own path.
+fn named_paths(text: &str, this: &[String]) -> Vec<Vec<String>> {
+    let code: String = text
+        .split("#[cfg(test)]")
+        .next()
+        .unwrap_or("")
+        .lines()
+        .map(|l| l.split("//").next().unwrap_or(""))
+        .collect::<Vec<_>>()
+        .join("\n");
+    let is_ident = |c: char| c.is_alphanumeric() || c == '_';
+    // The segments of `a::b::c` at the start of `s`, and what follows them.
+    fn segments(s: &str, is_ident: &dyn Fn(char) -> bool) -> (Vec<String>, usize) {
+        let (mut out, mut at) = (Vec::new(), 0);
+        loop {
+            let len = s[at..].chars().take_while(|c| is_ident(*c)).count();
+            if len == 0 {
+                return (out, at);
+            }
+            out.push(s[at..at + len].to_owned());
+            at += len;
+            if s[at..].starts_with("::") && s[at + 2..].chars().next().is_some_and(is_ident) {
+                at += 2;
+            } else {
+                return (out, at);
+            }
+        }
+    }
+    let mut paths = Vec::new();
+    for (root, base) in [
+        ("crate::", Vec::new()),
+        ("super::", this[..this.len().saturating_sub(1)].to_vec()),
+    ] {
+        let mut rest = code.as_str();
+        while let Some(at) = rest.find(root) {
+            let before = code.len() - rest.len() + at;
+            rest = &rest[at + root.len()..];
+            if before > 0 && code[..before].chars().last().is_some_and(is_ident) {
+                continue;
+            }
+            let (segs, end) = segments(rest, &is_ident);
+            let mut prefix = base.clone();
+            prefix.extend(segs.iter().cloned());
+            let tail = &rest[end..];
+            let group = match tail.strip_prefix("::{") {
+                Some(group) => Some(group),
+                // `crate::{a, b}`: the group right after the root.
+                None if segs.is_empty() => rest.strip_prefix('{'),
+                None => None,
+            };
+            if let Some(group) = group {
+                // Each item at the group's top level.
+                let mut depth = 0;
+                let mut item_start = 0;
+                for (i, c) in group.char_indices() {
+                    match c {
+                        '{' => depth += 1,
+                        '}' | ',' if depth == 0 => {
+                            let (item, _) = segments(group[item_start..i].trim_start(), &is_ident);
+                            let mut path = prefix.clone();
+                            path.extend(item);
+                            paths.push(path);
+                            if c == '}' {
+                                break;
+                            }
+                            item_start = i + 1;
+                        }
+                        '}' => depth -= 1,
+                        _ => {}
+                    }
+                }
+            } else {
+                paths.push(prefix);
+            }
+        }
+    }
+    paths
+}
+
+/// `src`'s module files (by module path, `run::args`; `mod.rs` stands for its folder) and
+/// the others each one names, its own ancestors left out.
+fn file_graph(src: &Path) -> BTreeMap<String, BTreeSet<String>> {
+    let mut all = Vec::new();
+    rust_files(src, &mut all);
+    let module_of = |path: &Path| -> Vec<String> {
+        let rel = path.strip_prefix(src).unwrap().with_extension("");
+        let mut parts: Vec<String> = rel
+            .components()
+            .map(|c| c.as_os_str().to_string_lossy().into_owned())
+            .collect();
+        if matches!(
+            parts.last().map(String::as_str),
+            Some("mod" | "lib" | "main")
+        ) {
+            parts.pop();
+        }
+        parts
+    };
+    let modules: BTreeSet<Vec<String>> = all.iter().map(|p| module_of(p)).collect();
+    let mut graph: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for path in &all {
+        let this = module_of(path);
+        let mut uses = BTreeSet::new();
+        for named in named_paths(&std::fs::read_to_string(path).unwrap(), &this) {
+            // The longest prefix that is a module file.
+            let Some(target) = (1..=named.len())
+                .rev()
+                .map(|k| named[..k].to_vec())
+                .find(|p| modules.contains(p))
+            else {
+                continue;
+            };
+            let own_ancestor = target.len() <= this.len() && this[..target.len()] == target[..];
+            if !own_ancestor {
+                uses.insert(target.join("::"));
+            }
+        }
+        graph.entry(this.join("::")).or_default().extend(uses);
+    }
+    // Every node names only nodes of the graph.
+    let nodes: BTreeSet<String> = graph.keys().cloned().collect();
+    for uses in graph.values_mut() {
+        uses.retain(|u| nodes.contains(u));
+    }
+    graph
+}
+
 /// A circle of `graph`, if it has one: the modules in order, the first repeated last.
 fn find_circle(graph: &BTreeMap<String, BTreeSet<String>>) -> Option<Vec<String>> {
     fn visit(
@@ -156,6 +290,34 @@ fn no_crate_has_a_module_circle() {
         if let Some(circle) = find_circle(&graph) {
             panic!(
                 "{krate}: modules import each other in a circle: {}",
+                circle.join(" -> ")
+            );
+        }
+    }
+}
+
+#[test]
+fn the_file_level_parser_resolves_crate_super_and_groups() {
+    let this = ["run".to_owned(), "args".to_owned()];
+    let paths = named_paths(
+        "use super::setup::f;\nuse crate::{vectors::{A, B}, result::*};\nlet x = crate::client::http::send();\n#[cfg(test)]\nmod tests { use super::super::z; }\n",
+        &this,
+    );
+    let shown: Vec<String> = paths.iter().map(|p| p.join("::")).collect();
+    assert_eq!(
+        shown,
+        ["vectors", "result", "client::http::send", "run::setup::f"]
+    );
+}
+
+#[test]
+fn no_two_files_of_a_crate_import_each_other() {
+    for krate in ["proxy", "loadgen", "embedded-qdrant"] {
+        let graph = file_graph(&repo().join(krate).join("src"));
+        assert!(graph.len() > 5, "{krate}: {graph:?}");
+        if let Some(circle) = find_circle(&graph) {
+            panic!(
+                "{krate}: module files import each other in a circle: {}",
                 circle.join(" -> ")
             );
         }

@@ -6,12 +6,14 @@
 #
 #   deploy/container/base-image.sh            # vector-tls-proxy-base:bookworm
 #   deploy/container/base-image.sh systemd    # vector-tls-proxy-base:bookworm-systemd too
+#   deploy/container/base-image.sh python     # vector-tls-proxy-base:bookworm-python too
 #
 # The runtime base holds what the runtime stage of deploy/container/Containerfile installs
 # (libssl3, ca-certificates, curl for the health check) and the proxy's user, so images
 # build on it with COPY alone, no package manager run inside a build. The systemd base
 # adds systemd as PID 1, for booting the project's units in a container (run it with
-# --stop-signal SIGRTMIN+3, which `docker import` cannot set).
+# --stop-signal SIGRTMIN+3, which `docker import` cannot set). The python base adds
+# Debian's Python 3 with venv, for the tests' stand-in of OpenVINO Model Server's image.
 # Needs root (debootstrap, chroot) and a Docker Engine.
 set -euo pipefail
 cache="${XDG_CACHE_HOME:-$HOME/.cache}/vector-tls-proxy/base"
@@ -68,6 +70,10 @@ import() {
 runtime_packages="ca-certificates,curl,libssl3"
 import "$(rootfs bookworm-runtime "$runtime_packages")" vector-tls-proxy-base:bookworm \
   'CMD ["/bin/bash"]'
+if [ "${1:-}" = python ]; then
+  import "$(rootfs bookworm-python "$runtime_packages,python3,python3-venv")" \
+    vector-tls-proxy-base:bookworm-python 'CMD ["/bin/bash"]'
+fi
 if [ "${1:-}" = systemd ]; then
   # openssl: the quick start makes the API key with it.
   import "$(rootfs bookworm-systemd "$runtime_packages,systemd,systemd-sysv,dbus,procps,openssl")" \

@@ -141,17 +141,18 @@ pub fn test_images() -> &'static TestImages {
 
 /// The stand-in for OpenVINO Model Server's image (tests/containers/Containerfile.ovms): the
 /// tests' real embedding model, served with OVMS's API and flags. Built once per test
-/// process on the local base; its OpenVINO comes from PyPI inside the build.
+/// process on the local base with Python; its OpenVINO wheels come from PyPI through the
+/// installer's pip on the host.
 pub fn ovms_stand_in_image() -> &'static str {
     static IMAGE: OnceLock<String> = OnceLock::new();
     IMAGE.get_or_init(|| {
         let root = repo_root();
         let install = embedder_install();
         let bases = run_ok(
-            &mut Command::new(root.join("deploy/container/base-image.sh")),
-            "deploy/container/base-image.sh",
+            Command::new(root.join("deploy/container/base-image.sh")).arg("python"),
+            "deploy/container/base-image.sh python",
         );
-        let base = bases.lines().next().expect("the base").to_owned();
+        let base = bases.lines().last().expect("the python base").to_owned();
         let ctx = temp_dir("ovms-context");
         let embedder = ctx.join("embedder");
         std::fs::create_dir_all(embedder.join("model")).expect("context");

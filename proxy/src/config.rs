@@ -273,8 +273,13 @@ impl Limits {
     /// request's floor (see `http::budget`).
     pub fn request_buffer_floors(&self) -> u64 {
         let per_connection = CONNECTION_BUFFER_FLOOR.max(self.max_header_bytes as u64);
-        (self.max_connections as u64).saturating_mul(per_connection)
-            + (self.max_upstream_requests as u64).saturating_mul(self.upstream_request_floor())
+        // Saturating: the limits are checked after this is computed (`Plan::new`), so any
+        // values a configuration file holds must add up without a panic.
+        (self.max_connections as u64)
+            .saturating_mul(per_connection)
+            .saturating_add(
+                (self.max_upstream_requests as u64).saturating_mul(self.upstream_request_floor()),
+            )
     }
 
     /// Request bytes one upstream request can hold: hyper's write queue and the chunk in
@@ -282,7 +287,7 @@ impl Limits {
     /// HTTP/1.1 read (hyper's read buffer: `max_header_bytes`, or more when the budget
     /// grants it, never more than [`Self::upstream_chunk_floor`]).
     pub fn upstream_request_floor(&self) -> u64 {
-        UPSTREAM_WRITE_BUFFER as u64 + self.upstream_chunk_floor()
+        (UPSTREAM_WRITE_BUFFER as u64).saturating_add(self.upstream_chunk_floor())
     }
 
     /// The body chunk in hand that every upstream request's floor counts: no chunk the
@@ -298,8 +303,10 @@ impl Limits {
     /// alone never makes a configuration invalid.
     pub fn request_buffer_budget(&self) -> u64 {
         self.request_buffer_budget_bytes.unwrap_or_else(|| {
-            DEFAULT_REQUEST_BUFFER_BUDGET
-                .max(self.request_buffer_floors() + DEFAULT_REQUEST_BUFFER_BUDGET / 8)
+            DEFAULT_REQUEST_BUFFER_BUDGET.max(
+                self.request_buffer_floors()
+                    .saturating_add(DEFAULT_REQUEST_BUFFER_BUDGET / 8),
+            )
         })
     }
 }

@@ -193,6 +193,9 @@ fn admin_plan(config: &Config, problems: &mut Vec<String>) -> Option<AdminPlan> 
     })
 }
 
+/// The largest `limits.max_header_bytes` accepted.
+const MAX_HEADER_BYTES_CEILING: usize = 16 * 1024 * 1024;
+
 fn limits_problems(l: &Limits, problems: &mut Vec<String>) {
     if l.max_connections == 0 {
         problems.push("limits.max_connections must be at least 1".to_owned());
@@ -200,6 +203,15 @@ fn limits_problems(l: &Limits, problems: &mut Vec<String>) {
     if l.max_header_bytes < 8192 {
         problems.push(format!(
             "limits.max_header_bytes = {} is below hyper's minimum buffer of 8192",
+            l.max_header_bytes
+        ));
+    }
+    // HTTP/2 carries the limit as SETTINGS_MAX_HEADER_LIST_SIZE, a 32-bit value; above
+    // 16 MiB a header block is no request any Qdrant client sends, and the floors it
+    // would reserve per connection could not be met.
+    if l.max_header_bytes > MAX_HEADER_BYTES_CEILING {
+        problems.push(format!(
+            "limits.max_header_bytes = {} is above {MAX_HEADER_BYTES_CEILING} (16 MiB)",
             l.max_header_bytes
         ));
     }
@@ -549,6 +561,7 @@ mod tests {
             [limits]
             handshake_timeout = "2s"
             max_connections = 0
+            max_header_bytes = 6511111111111432
             h2_max_frame_size = 8192
             [[listener]]
             name = "grpc"
@@ -568,6 +581,11 @@ mod tests {
         let all = Plan::new(&c).unwrap_err().to_string();
         assert!(all.contains("limits.max_connections"), "{all}");
         assert!(all.contains("limits.h2_max_frame_size = 8192"), "{all}");
+        // Found by the config_text fuzzer: the floors overflowed before this was checked.
+        assert!(
+            all.contains("limits.max_header_bytes = 6511111111111432 is above"),
+            "{all}"
+        );
         assert!(all.contains("listener[0].cert: file not found"), "{all}");
         assert!(all.contains("listener[0].key: file not found"), "{all}");
     }

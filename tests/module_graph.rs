@@ -7,7 +7,16 @@
 //! any other file (`super::setup`, `crate::compare::procs`) is an edge too, so two files
 //! of one folder that import each other fail it. A file naming its own ancestors (its
 //! parent's items, as `use super::Item` does) is how a module shares with its children,
-//! not a circle, and is left out; so is code after `#[cfg(test)]`.
+//! not a circle, and is left out; so is code after `#[cfg(test)]`. Last, no module a
+//! binary's root (`main.rs`) declares may name that root's own items (`crate::TITLE`
+//! defined in main.rs): such a module only the binary can build, and no test reaches it.
+//!
+//! It also keeps the size limits, so that no file or function grows past what one reader
+//! can hold: no source file outside tests/ with over 800 lines of non-test code, and at
+//! most two non-test functions over 150 lines, each with a doc comment saying why it stays
+//! whole ("It stays one function"). Code is read as rustfmt leaves it: a function ends at
+//! the first line after its signature that is a `}` at the signature's own indentation; a
+//! file's test code starts at `#[cfg(test)]` followed by `mod tests`.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -322,4 +331,232 @@ fn no_two_files_of_a_crate_import_each_other() {
             );
         }
     }
+}
+
+/// The items a binary root (`main.rs`) defines itself, and the modules it declares.
+fn root_items_and_modules(main_text: &str) -> (BTreeSet<String>, BTreeSet<String>) {
+    let (mut items, mut modules) = (BTreeSet::new(), BTreeSet::new());
+    let code = main_text.split("#[cfg(test)]").next().unwrap_or("");
+    for line in code.lines() {
+        let words: Vec<&str> = line
+            .split(|c: char| c.is_whitespace() || c == '(' || c == '<' || c == ':' || c == ';')
+            .filter(|w| !w.is_empty())
+            .collect();
+        // Declarations at the file's top level only: no indentation.
+        if line.starts_with(char::is_whitespace) || words.is_empty() {
+            continue;
+        }
+        let mut at = usize::from(words[0] == "pub" || words[0].starts_with("pub("));
+        if words.get(at) == Some(&"async") {
+            at += 1;
+        }
+        match (words.get(at), words.get(at + 1)) {
+            (Some(&"mod"), Some(name)) if line.trim_end().ends_with(';') => {
+                modules.insert((*name).to_owned());
+            }
+            (
+                Some(&("fn" | "const" | "static" | "struct" | "enum" | "type" | "trait")),
+                Some(name),
+            ) => {
+                items.insert((*name).to_owned());
+            }
+            _ => {}
+        }
+    }
+    (items, modules)
+}
+
+/// `(file, item)` for every file of a module that `main_text` declares which names an item
+/// defined in `main_text` itself: a module leaning on its binary's root, which only the
+/// binary can then build and no library user or test can reach. `files` are each module
+/// file's module path (`run::args`) and text.
+fn binary_root_imports(main_text: &str, files: &[(Vec<String>, String)]) -> Vec<(String, String)> {
+    let (items, modules) = root_items_and_modules(main_text);
+    let mut found = Vec::new();
+    for (this, text) in files {
+        if !this.first().is_some_and(|m| modules.contains(m)) {
+            continue;
+        }
+        for named in named_paths(text, this) {
+            if items.contains(&named[0]) && !modules.contains(&named[0]) {
+                found.push((this.join("::"), named[0].clone()));
+            }
+        }
+    }
+    found
+}
+
+#[test]
+fn the_binary_root_check_finds_a_module_naming_mains_items() {
+    let main = "mod rest;\nmod grpc;\npub const SERVER_TITLE: &str = \"x\";\nfn main() {}\n#[cfg(test)]\nmod tests { const HIDDEN: u8 = 0; }\n";
+    let files = vec![
+        (
+            vec!["rest".to_owned()],
+            "use crate::SERVER_TITLE;\nuse crate::grpc::Thing;\n".to_owned(),
+        ),
+        (
+            vec!["grpc".to_owned(), "points".to_owned()],
+            "let t = crate::SERVER_TITLE;".to_owned(),
+        ),
+        (vec!["grpc".to_owned()], "use crate::HIDDEN;".to_owned()),
+    ];
+    assert_eq!(
+        binary_root_imports(main, &files),
+        [
+            ("rest".to_owned(), "SERVER_TITLE".to_owned()),
+            ("grpc::points".to_owned(), "SERVER_TITLE".to_owned()),
+        ]
+    );
+}
+
+#[test]
+fn no_module_imports_its_binary_root() {
+    for krate in ["proxy", "loadgen", "embedded-qdrant"] {
+        let src = repo().join(krate).join("src");
+        let main_text = std::fs::read_to_string(src.join("main.rs")).unwrap();
+        let mut all = Vec::new();
+        rust_files(&src, &mut all);
+        let files: Vec<(Vec<String>, String)> = all
+            .iter()
+            .filter(|p| !p.ends_with("main.rs") && !p.ends_with("lib.rs"))
+            .map(|p| {
+                let rel = p.strip_prefix(&src).unwrap().with_extension("");
+                let mut this: Vec<String> = rel
+                    .components()
+                    .map(|c| c.as_os_str().to_string_lossy().into_owned())
+                    .collect();
+                if this.last().is_some_and(|l| l == "mod") {
+                    this.pop();
+                }
+                (this, std::fs::read_to_string(p).unwrap())
+            })
+            .collect();
+        let found = binary_root_imports(&main_text, &files);
+        assert!(
+            found.is_empty(),
+            "{krate}: modules name items of the binary's root (main.rs): {found:?}; move them to the library"
+        );
+    }
+}
+
+const MAX_FILE_LINES: usize = 800;
+const MAX_FUNCTION_LINES: usize = 150;
+const MAX_LONG_FUNCTIONS: usize = 2;
+/// What a long function's doc comment says for it to be let off.
+const WHY_WHOLE: &str = "It stays one function";
+
+/// The lines of `text` before its test module.
+fn non_test_lines(text: &str) -> Vec<&str> {
+    let lines: Vec<&str> = text.lines().collect();
+    let end = lines
+        .windows(2)
+        .position(|w| w[0].trim() == "#[cfg(test)]" && w[1].trim_start().starts_with("mod tests"))
+        .unwrap_or(lines.len());
+    lines[..end].to_vec()
+}
+
+/// A function of a file: its name, length in lines, and the doc comment above it.
+struct Function {
+    name: String,
+    lines: usize,
+    doc: String,
+}
+
+fn functions(lines: &[&str]) -> Vec<Function> {
+    let mut found = Vec::new();
+    for (i, line) in lines.iter().enumerate() {
+        let code = line.trim_start();
+        let indent = line.len() - code.len();
+        let mut words = code.split_whitespace().peekable();
+        // Qualifiers before `fn`.
+        while let Some(w) = words.peek() {
+            if w.starts_with("pub") || ["async", "const", "unsafe", "extern"].contains(w) {
+                words.next();
+            } else {
+                break;
+            }
+        }
+        if words.next() != Some("fn") || line.trim_end().ends_with(';') {
+            continue;
+        }
+        let name: String = words
+            .next()
+            .unwrap_or("")
+            .chars()
+            .take_while(|c| c.is_alphanumeric() || *c == '_')
+            .collect();
+        let Some(end) = (i + 1..lines.len()).find(|&j| {
+            let l = lines[j];
+            l.len() > indent && l[..indent].trim().is_empty() && l[indent..].starts_with('}')
+        }) else {
+            continue;
+        };
+        let doc: Vec<&str> = lines[..i]
+            .iter()
+            .rev()
+            .take_while(|l| {
+                let t = l.trim_start();
+                t.starts_with("///") || t.starts_with("#[")
+            })
+            .copied()
+            .collect();
+        found.push(Function {
+            name,
+            lines: end - i + 1,
+            doc: doc.join(" "),
+        });
+    }
+    found
+}
+
+#[test]
+fn the_reader_finds_functions_their_lengths_and_docs() {
+    let text = "/// Short.\nfn a() {\n    x();\n}\n\nimpl T {\n    /// It stays one function: a list.\n    pub async fn b(\n        y: u8,\n    ) {\n        if y {\n        }\n    }\n    fn decl();\n}\n#[cfg(test)]\nmod tests {\n    fn c() {}\n}\n";
+    let lines = non_test_lines(text);
+    assert_eq!(lines.len(), 15);
+    let f = functions(&lines);
+    let seen: Vec<(&str, usize)> = f.iter().map(|f| (f.name.as_str(), f.lines)).collect();
+    assert_eq!(seen, [("a", 3), ("b", 6)]);
+    assert!(f[1].doc.contains(WHY_WHOLE));
+}
+
+#[test]
+fn no_file_or_function_outgrows_its_limit() {
+    let mut files = Vec::new();
+    for krate in ["proxy", "loadgen", "embedded-qdrant"] {
+        rust_files(&repo().join(krate).join("src"), &mut files);
+    }
+    assert!(files.len() > 50, "{} files", files.len());
+    let (mut too_long_files, mut long_functions) = (Vec::new(), Vec::new());
+    for path in &files {
+        let text = std::fs::read_to_string(path).unwrap();
+        let lines = non_test_lines(&text);
+        let shown = path.strip_prefix(repo()).unwrap().display().to_string();
+        if lines.len() > MAX_FILE_LINES {
+            too_long_files.push(format!("{shown}: {} lines", lines.len()));
+        }
+        for f in functions(&lines) {
+            if f.lines > MAX_FUNCTION_LINES {
+                long_functions.push((format!("{shown}: {} ({} lines)", f.name, f.lines), f.doc));
+            }
+        }
+    }
+    assert!(
+        too_long_files.is_empty(),
+        "files over {MAX_FILE_LINES} lines of non-test code: {too_long_files:?}"
+    );
+    let unexplained: Vec<&String> = long_functions
+        .iter()
+        .filter(|(_, doc)| !doc.contains(WHY_WHOLE))
+        .map(|(f, _)| f)
+        .collect();
+    assert!(
+        unexplained.is_empty(),
+        "functions over {MAX_FUNCTION_LINES} lines without a comment saying why they stay whole ({WHY_WHOLE:?}): {unexplained:?}"
+    );
+    assert!(
+        long_functions.len() <= MAX_LONG_FUNCTIONS,
+        "more than {MAX_LONG_FUNCTIONS} functions over {MAX_FUNCTION_LINES} lines: {:?}",
+        long_functions.iter().map(|(f, _)| f).collect::<Vec<_>>()
+    );
 }

@@ -163,13 +163,17 @@ fn three_nodes_one_killed_and_restarted_under_load() {
         "{log}"
     );
 
-    // The two nodes that stayed up shared the load within 10 %.
+    // The two nodes that stayed up both carried the load. Least requests sends more to
+    // the node that answers sooner, which on this shared 2-core machine is whichever
+    // embedded-qdrant the scheduler favours (seen: 4,090 / 3,675 on a quiet machine, 2,516
+    // / 1,869 beside a build), so this bounds the split at 2:1 rather than asserting a
+    // speed; the tie rotation itself is unit-tested exactly (upstream::tests).
     let (a, b) = (
         node_requests(&proxy, &addrs[0]),
         node_requests(&proxy, &addrs[1]),
     );
     assert!(
-        (a - b).abs() / a.max(b) <= 0.10,
+        a.min(b) * 2.0 >= a.max(b),
         "nodes 0 and 1 took {a} and {b} requests"
     );
 

@@ -7,7 +7,8 @@
 //! (closed and open loop), [`probe`] (CPU, power, proxy metrics), [`result`] (the JSON
 //! result), [`summary`] (the human summary), [`run`] (one run, end to end), [`procs`] (the
 //! processes compare and bench start and stop), [`compare`] (the provider x algorithm
-//! matrix), [`report`] (Markdown, CSV and HTML from the JSON), [`bench`](mod@bench) (the
+//! matrix), [`cells`] (a comparison's result files read back, side-by-side parts merged),
+//! [`report`] (Markdown, CSV and HTML from the JSON), [`bench`](mod@bench) (the
 //! terminator benchmark: our proxy beside nginx and HAProxy).
 
 // Unsafe code is three libc calls, each allowed where it is and said why there:
@@ -17,6 +18,7 @@
 #![deny(missing_docs)]
 
 pub mod bench;
+pub mod cells;
 pub mod client;
 pub mod compare;
 pub mod driver;

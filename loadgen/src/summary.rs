@@ -7,6 +7,18 @@ use crate::result::{failure_windows, Measured, RunResult};
 /// The summary of `r`: throughput, latency, CPU, power, verification and warnings.
 pub fn render(r: &RunResult) -> String {
     let mut s = String::new();
+    requests(&mut s, r);
+    cpu(&mut s, r);
+    outcome(&mut s, r);
+    embeddings(&mut s, r);
+    for warning in &r.warnings {
+        let _ = writeln!(s, "WARNING: {warning}");
+    }
+    s
+}
+
+/// What was sent and how it went: target, counts, failures and when, throughput, latency.
+fn requests(s: &mut String, r: &RunResult) {
     let w = &r.workload;
     let _ = writeln!(
         s,
@@ -71,6 +83,10 @@ pub fn render(r: &RunResult) -> String {
             l.p50, l.p99, l.max
         );
     }
+}
+
+/// Whose CPU the run cost: the host, loadgen, watched processes, the proxy's own metrics.
+fn cpu(s: &mut String, r: &RunResult) {
     let _ = writeln!(
         s,
         "CPU: system {}; loadgen {:.3} s ({:.1}% of a core, {} per request)",
@@ -115,6 +131,10 @@ pub fn render(r: &RunResult) -> String {
             per_request(m.cpu_seconds_per_request)
         ))
     );
+}
+
+/// Power, and whether every acknowledged point was stored.
+fn outcome(s: &mut String, r: &RunResult) {
     let _ = writeln!(
         s,
         "power: {}",
@@ -141,6 +161,10 @@ pub fn render(r: &RunResult) -> String {
             if v.matches { "match" } else { "MISMATCH" }
         ))
     );
+}
+
+/// The co-located embedding load, when the run had one.
+fn embeddings(s: &mut String, r: &RunResult) {
     if let Some(e) = &r.embed_live {
         let pace = e.pace();
         let latency = e
@@ -164,10 +188,6 @@ pub fn render(r: &RunResult) -> String {
             let _ = writeln!(s, "  first embedding failure: {error}");
         }
     }
-    for warning in &r.warnings {
-        let _ = writeln!(s, "WARNING: {warning}");
-    }
-    s
 }
 
 fn per_request(v: Option<f64>) -> String {

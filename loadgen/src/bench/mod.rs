@@ -16,6 +16,8 @@
 //! [`terminators`] (starting them), [`workloads`] (what the rows send), [`rows`] (one
 //! module per kind of row, and the list of them), [`table`] (figures, rounds, ratios).
 
+mod markdown;
+pub mod plan;
 pub mod rows;
 pub mod sink;
 pub mod table;
@@ -24,164 +26,22 @@ pub mod workloads;
 
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context, Result};
-use clap::{Args, ValueEnum};
-use proxy::crypto::{generate_cert_set, CertAlgorithmName, ProviderName};
+use proxy::crypto::{generate_cert_set, ProviderName};
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
-use crate::procs::sibling_binary;
+pub use markdown::render;
+pub use plan::{BenchArgs, BenchPlan, IdleClient, Part};
 use rows::{Bench, ColumnStarter, Round, When};
-use sink::SinkMode;
-use table::{Figure, Row, Table};
+use table::{Row, Table};
 use terminators::{Certs, Peer, Setup, Terminator};
 use workloads::Clients;
 
 /// HTTP/2 windows of the sink: as large as the proxy's own, so neither end of the
 /// measurement throttles a bulk upload.
 pub const H2_WINDOW: u32 = 4 * 1024 * 1024;
-
-/// The rows the benchmark can measure.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, ValueEnum, Serialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Part {
-    /// A new TLS connection per tiny GET, per certificate algorithm.
-    Handshake,
-    /// A new TLS connection carrying one UPSERT_100 body, then closed, per certificate
-    /// algorithm: 800 KB JSON over HTTP/1.1, and 416 KB gRPC over h2.
-    Upsert,
-    /// Keep-alive uploads: h2 and HTTP/1.1 JSON to an HTTP/1.1 upstream, gRPC to h2c.
-    Bulk,
-    /// Resident memory per idle TLS connection.
-    Idle,
-    /// First response after the handshake from a client without TCP_NODELAY.
-    FirstResponse,
-    /// Mean time of one 800 KB h2 request at concurrency 1, against the direct path.
-    Latency,
-    /// A new TLS connection carrying one UPSERT_100 into a real database (embedded-qdrant):
-    /// each terminator at its defaults in front of it in plaintext, beside the database
-    /// terminating TLS itself (rustls with ring, as Qdrant's `service.enable_tls`); CPU of
-    /// terminator and database together per upsert, and upserts/s.
-    InProcess,
-}
-
-/// A TLS client of the idle rows.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, ValueEnum, Serialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum IdleClient {
-    /// rustls with aws-lc-rs, as every other row's client.
-    Rustls,
-    /// OpenSSL's client at its stock settings.
-    Openssl,
-}
-
-impl IdleClient {
-    /// As the rows name it.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Rustls => "rustls",
-            Self::Openssl => "OpenSSL",
-        }
-    }
-}
-
-/// The flags of `loadgen bench`.
-#[derive(Args, Debug)]
-pub struct BenchArgs {
-    /// Our providers to measure (each a proxy column).
-    #[arg(long, value_delimiter = ',', default_value = "ring,aws-lc-rs,openssl")]
-    pub providers: Vec<ProviderName>,
-    /// Peer terminators (Debian's packages, installed with apt-get when missing); `none`
-    /// for our proxy alone.
-    #[arg(long, value_delimiter = ',', default_value = "nginx,haproxy")]
-    pub peers: Vec<String>,
-    /// A further `proxy run` flag for every proxy column, repeatable, e.g.
-    /// `--proxy-arg=--qat-module-path=/opt/qat/lib/ossl-modules` for openssl-qat.
-    #[arg(long = "proxy-arg", value_name = "FLAG", allow_hyphen_values = true)]
-    pub proxy_args: Vec<String>,
-    /// Certificate algorithms of the new-connection rows.
-    #[arg(
-        long,
-        value_delimiter = ',',
-        default_value = "rsa2048,ecdsa-p256,ecdsa-p384,rsa4096"
-    )]
-    pub algorithms: Vec<CertAlgorithmName>,
-    /// Which rows to measure.
-    #[arg(
-        long,
-        value_delimiter = ',',
-        default_value = "handshake,upsert,bulk,idle,first-response,latency,in-process"
-    )]
-    pub parts: Vec<Part>,
-    /// The set-ups every terminator runs in, each a set of columns compared with nginx in
-    /// the same set-up: one worker each, and each at its own defaults.
-    #[arg(long, value_delimiter = ',', default_value = "one-worker,defaults")]
-    pub setups: Vec<Setup>,
-    /// The clients of the idle rows: rustls (the client of every other row) and OpenSSL
-    /// (as Python's `ssl`, curl and most clients outside Rust).
-    #[arg(long, value_delimiter = ',', default_value = "rustls,openssl")]
-    pub idle_clients: Vec<IdleClient>,
-    /// When the sink answers an upload: after reading it whole (as Qdrant does), or at once.
-    #[arg(long, value_enum, default_value = "read-body")]
-    pub sink: SinkMode,
-    /// Measured time of each timed row, per terminator.
-    #[arg(long, default_value = "4s", value_parser = humantime::parse_duration)]
-    pub duration: Duration,
-    /// Unmeasured warm-up before each timed row.
-    #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
-    pub warmup: Duration,
-    /// Clients opening new connections at once in the new-connection rows.
-    #[arg(long, default_value_t = 4)]
-    pub concurrency: usize,
-    /// Keep-alive connections of the bulk rows (requests one after another on each).
-    #[arg(long, default_value_t = 2)]
-    pub bulk_connections: usize,
-    /// Idle connection counts, measured cumulatively (RSS after each).
-    #[arg(long, value_delimiter = ',', default_value = "1000,10000")]
-    pub idle: Vec<usize>,
-    /// Requests of the concurrency-1 latency row (after the warm-up, on the same
-    /// connection).
-    #[arg(long, default_value_t = 300)]
-    pub latency_requests: usize,
-    /// Connections of the first-response row (the median is reported).
-    #[arg(long, default_value_t = 30)]
-    pub first_response_connections: usize,
-    /// The proxy binary (default: next to this loadgen).
-    #[arg(long)]
-    pub proxy_bin: Option<PathBuf>,
-    /// The database of the in-process rows (default: embedded-qdrant next to this
-    /// loadgen).
-    #[arg(long)]
-    pub upstream_bin: Option<PathBuf>,
-    /// The proxy's worker threads in the one-worker set-up. One by default, as the peers
-    /// run there (nginx `worker_processes 1`, HAProxy `nbthread 1`), so every column is one
-    /// worker's cost per unit of work; 0 is the proxy's own default, one per CPU.
-    #[arg(long, default_value_t = 1)]
-    pub proxy_worker_threads: usize,
-    /// Rounds: every terminator is measured once per round, interleaved; each figure is
-    /// the median over the rounds, every round's value in bench.json (idle memory is
-    /// measured once, after the rounds, on a freshly started terminator per client).
-    #[arg(long, default_value_t = 1)]
-    pub repeat: usize,
-    /// Upstream nodes behind every terminator: that many sinks (one process, separate
-    /// ports), balanced by least requests (ours), `least_conn` (nginx), `leastconn`
-    /// (HAProxy). One by default; three measure what balancing costs.
-    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=16))]
-    pub upstream_nodes: u16,
-    /// TCP congestion control of the bench's client sockets (Linux), or `host` for the
-    /// host's default. On loopback a client's sending runs partly on the terminator's CPU:
-    /// the ACK a terminator's read sends is processed at once by the client's socket, which
-    /// then transmits what the window allows. A pacing algorithm (BBR) arms its pacing
-    /// timer there, a cost that lands on the terminator here and on the client's own host in
-    /// any deployment; cubic, the kernel's default, does not pace without an fq qdisc.
-    #[arg(long, default_value = "cubic")]
-    pub client_congestion_control: String,
-    /// Where the table (bench.md), the figures (bench.json) and the logs go.
-    #[arg(long, default_value = "results/bench")]
-    pub out: PathBuf,
-}
 
 /// What a run of the benchmark measured.
 #[derive(Debug, Serialize)]
@@ -329,45 +189,72 @@ impl Drop for TcpMetricsOff {
 
 /// Runs the benchmark and writes `bench.md` and `bench.json` under `--out`.
 pub async fn execute(args: &BenchArgs, stop: CancellationToken) -> Result<BenchResult> {
+    let plan = BenchPlan::new(args)?;
     let (congestion_control, congestion_record) =
-        client_congestion_control(&args.client_congestion_control)?;
+        client_congestion_control(&plan.client_congestion_control)?;
     let (_tcp_metrics, tcp_metrics) = TcpMetricsOff::apply();
     let nofile = raise_nofile();
-    let max_idle = args.idle.iter().copied().max().unwrap_or(0) as u64;
-    if args.parts.contains(&Part::Idle) && nofile < max_idle + 1000 {
+    let max_idle = plan.idle.iter().copied().max().unwrap_or(0) as u64;
+    if plan.parts.contains(&Part::Idle) && nofile < max_idle + 1000 {
         bail!("--idle {max_idle} needs more open files than this process may have ({nofile}): raise `ulimit -Hn`");
     }
-    let peers = parse_peers(&args.peers)?;
-    if args.setups.is_empty() {
-        bail!("--setups: name at least one (one-worker, defaults)");
-    }
-    let proxy_bin = args
-        .proxy_bin
-        .clone()
-        .unwrap_or_else(|| sibling_binary("proxy"));
-    let work = args.out.join("work");
+    let work = plan.out.join("work");
     std::fs::create_dir_all(&work).with_context(|| format!("creating {}", work.display()))?;
-    let cert_dir = std::fs::canonicalize(&args.out)?.join("certs");
-    let set = generate_cert_set(&cert_dir, &args.algorithms, &[])?;
+    let cert_dir = std::fs::canonicalize(&plan.out)?.join("certs");
+    let set = generate_cert_set(&cert_dir, &plan.algorithms, &[])?;
     let certs = Certs {
         dir: cert_dir,
         ca: set.ca_cert.clone(),
-        algorithms: args.algorithms.clone(),
+        algorithms: plan.algorithms.clone(),
     };
     let clients = clients(&certs.ca, congestion_control)?;
     let sink_stop = stop.child_token();
-    let sinks = start_sinks(args, &sink_stop).await?;
+    let sinks = start_sinks(&plan, &sink_stop).await?;
     let bench = Bench {
-        args,
+        plan: &plan,
         clients: &clients,
         certs: &certs,
         sinks: &sinks,
         stop: &stop,
     };
+    let ctx = StartContext {
+        plan: &plan,
+        certs: &certs,
+        sinks: &sinks,
+        work: &work,
+    };
+    let specs = column_specs(&plan);
+    let (columns, table) = measure(&bench, &ctx, &specs).await?;
+    sink_stop.cancel();
 
-    let specs = column_specs(args, &peers);
+    let result = BenchResult {
+        columns,
+        rows: table.finish(),
+        settings: settings_record(&plan, &tcp_metrics, &congestion_record),
+        machine: {
+            let (cpu, cores, kernel) =
+                crate::probe::cpu::machine_facts(std::path::Path::new("/proc"));
+            serde_json::json!({"cpu": cpu, "cores": cores, "kernel": kernel})
+        },
+    };
+    std::fs::write(plan.out.join("bench.md"), render(&result))?;
+    std::fs::write(
+        plan.out.join("bench.json"),
+        serde_json::to_string_pretty(&result)?,
+    )?;
+    Ok(result)
+}
+
+/// Every row set over every column: the columns' labels and the table. The sets measured
+/// in every round first, on terminators started once for all rounds; then those measured
+/// afresh, then those that start their own (see [`When`]).
+async fn measure(
+    bench: &Bench<'_>,
+    ctx: &StartContext<'_>,
+    specs: &[ColumnSpec],
+) -> Result<(Vec<String>, Table)> {
     let mut table = Table::default();
-    let mut sets = rows::registered(args);
+    let mut sets = rows::registered(bench.plan);
     let mut columns: Vec<String> = specs.iter().map(|c| c.label.clone()).collect();
     columns.extend(sets.iter().flat_map(|s| s.own_columns()));
     // Each set's rows, to mark them when its own terminator does not start.
@@ -378,45 +265,80 @@ pub async fn execute(args: &BenchArgs, stop: CancellationToken) -> Result<BenchR
         rows_of_set.push(table.declared_since(mark));
     }
     for set in &mut sets {
-        set.prepare(&bench).await?;
+        set.prepare(bench).await?;
     }
-
-    let ctx = StartContext {
-        args,
-        proxy_bin: &proxy_bin,
-        certs: &certs,
-        sinks: &sinks,
-        work: &work,
-    };
-    // Every terminator is started first and measured in interleaved rounds (each once per
-    // round, every other round in reverse), so drift on a shared machine hits every column
-    // alike; an idle terminator costs nothing meanwhile.
-    let mut started = if sets.iter().any(|s| s.when() == When::EveryRound) {
-        start_columns(&ctx, &specs, &mut table)
+    let failed_to_start = if sets.iter().any(|s| s.when() == When::EveryRound) {
+        measure_rounds(bench, ctx, specs, &sets, &mut table).await
     } else {
-        Vec::new()
+        std::collections::BTreeSet::new()
     };
-    for round in 1..=args.repeat.max(1) {
-        if args.repeat > 1 {
-            eprintln!("round {round} of {}", args.repeat);
+    let measured: Vec<&ColumnSpec> = specs
+        .iter()
+        .filter(|s| !failed_to_start.contains(&s.label))
+        .collect();
+    table.set_round(1);
+    for (set, set_rows) in sets.iter().zip(&rows_of_set) {
+        if set.when() != When::Afresh {
+            continue;
+        }
+        for spec in &measured {
+            if bench.stop.is_cancelled() {
+                break;
+            }
+            measure_afresh(ctx, bench, spec, set.as_ref(), set_rows, &mut table).await;
+        }
+    }
+    let starters: Vec<ColumnStarter> = measured
+        .iter()
+        .map(|spec| ColumnStarter {
+            label: &spec.label,
+            setup: spec.setup,
+            start: Box::new(|upstreams: &[std::net::SocketAddr]| {
+                spec.start(&StartContext {
+                    sinks: upstreams,
+                    ..*ctx
+                })
+            }),
+        })
+        .collect();
+    for set in sets.iter().filter(|s| s.when() == When::OnItsOwn) {
+        if !bench.stop.is_cancelled() {
+            set.measure_on_its_own(bench, &starters, &mut table).await;
+        }
+    }
+    Ok((columns, table))
+}
+
+/// The sets measured in every round: every terminator started first and measured in
+/// interleaved rounds (each once per round, every other round in reverse), so drift on a
+/// shared machine hits every column alike; an idle terminator costs nothing meanwhile.
+/// The labels of the columns whose terminator did not start.
+async fn measure_rounds(
+    bench: &Bench<'_>,
+    ctx: &StartContext<'_>,
+    specs: &[ColumnSpec],
+    sets: &[Box<dyn rows::RowSet>],
+    table: &mut Table,
+) -> std::collections::BTreeSet<String> {
+    let mut started = start_columns(ctx, specs, table);
+    let rounds = bench.plan.rounds;
+    for round in 1..=rounds {
+        if rounds > 1 {
+            eprintln!("round {round} of {rounds}");
         }
         table.set_round(round);
         for column in rows::round_order(started.len(), round) {
             let (label, t) = &mut started[column];
             let Some(t) = t.as_mut() else { continue };
-            if stop.is_cancelled() || !t.alive() {
+            if bench.stop.is_cancelled() || !t.alive() {
                 continue;
             }
-            let round = Round {
-                bench: &bench,
-                t,
-                label,
-            };
+            let round = Round { bench, t, label };
             for set in sets.iter().filter(|s| s.when() == When::EveryRound) {
-                if stop.is_cancelled() {
+                if bench.stop.is_cancelled() {
                     break;
                 }
-                set.measure(&round, &mut table).await;
+                set.measure(&round, table).await;
             }
             if !t.alive() {
                 eprintln!("{label}: died during the benchmark: {}", t.log_tail());
@@ -433,56 +355,7 @@ pub async fn execute(args: &BenchArgs, stop: CancellationToken) -> Result<BenchR
             }
         }
     }
-    table.set_round(1);
-    for (set, set_rows) in sets.iter().zip(&rows_of_set) {
-        if set.when() != When::Afresh {
-            continue;
-        }
-        for spec in specs.iter().filter(|s| !failed_to_start.contains(&s.label)) {
-            if stop.is_cancelled() {
-                break;
-            }
-            measure_afresh(&ctx, &bench, spec, set.as_ref(), set_rows, &mut table).await;
-        }
-    }
-    let starters: Vec<ColumnStarter> = specs
-        .iter()
-        .filter(|s| !failed_to_start.contains(&s.label))
-        .map(|spec| ColumnStarter {
-            label: &spec.label,
-            setup: spec.setup,
-            start: Box::new(|upstreams: &[std::net::SocketAddr]| {
-                spec.start(&StartContext {
-                    sinks: upstreams,
-                    ..ctx
-                })
-            }),
-        })
-        .collect();
-    for set in sets.iter().filter(|s| s.when() == When::OnItsOwn) {
-        if !stop.is_cancelled() {
-            set.measure_on_its_own(&bench, &starters, &mut table).await;
-        }
-    }
-    sink_stop.cancel();
-
-    let result = BenchResult {
-        columns,
-        rows: table.finish(),
-        settings: settings_record(args, &tcp_metrics, &congestion_record),
-        machine: {
-            let (cpu, cores, kernel) =
-                crate::probe::cpu::machine_facts(std::path::Path::new("/proc"));
-            serde_json::json!({"cpu": cpu, "cores": cores, "kernel": kernel})
-        },
-    };
-    let md = render(&result);
-    std::fs::write(args.out.join("bench.md"), &md)?;
-    std::fs::write(
-        args.out.join("bench.json"),
-        serde_json::to_string_pretty(&result)?,
-    )?;
-    Ok(result)
+    failed_to_start
 }
 
 /// One row set's figures for one column, on a terminator started afresh for it alone.
@@ -515,12 +388,12 @@ async fn measure_afresh(
 
 /// The sinks every terminator forwards to (`--upstream-nodes` of them), until `stop`.
 async fn start_sinks(
-    args: &BenchArgs,
+    plan: &BenchPlan,
     stop: &CancellationToken,
 ) -> Result<Vec<std::net::SocketAddr>> {
-    let mut sinks = Vec::with_capacity(usize::from(args.upstream_nodes));
-    for _ in 0..args.upstream_nodes {
-        sinks.push(sink::start(stop.clone(), args.sink).await?);
+    let mut sinks = Vec::with_capacity(usize::from(plan.upstream_nodes));
+    for _ in 0..plan.upstream_nodes {
+        sinks.push(sink::start(stop.clone(), plan.sink).await?);
     }
     eprintln!(
         "sink on {} ({:?})",
@@ -529,22 +402,9 @@ async fn start_sinks(
             .map(ToString::to_string)
             .collect::<Vec<_>>()
             .join(", "),
-        args.sink
+        plan.sink
     );
     Ok(sinks)
-}
-
-/// `--peers` as terminators (`none` or empty: none).
-fn parse_peers(names: &[String]) -> Result<Vec<Peer>> {
-    names
-        .iter()
-        .filter(|p| p.as_str() != "none" && !p.is_empty())
-        .map(|p| match p.as_str() {
-            "nginx" => Ok(Peer::Nginx),
-            "haproxy" => Ok(Peer::Haproxy),
-            other => bail!("--peers: unknown peer {other:?} (nginx, haproxy or none)"),
-        })
-        .collect()
 }
 
 /// Starts every column's terminator; one that does not start has every row marked with
@@ -574,11 +434,9 @@ fn start_columns(
 
 /// The columns, in table order: per set-up, our providers, then the peers (each with its
 /// binary, or why it is missing).
-fn column_specs(args: &BenchArgs, peers: &[Peer]) -> Vec<ColumnSpec> {
-    let mut setups = args.setups.clone();
-    setups.sort();
-    setups.dedup();
-    let peer_bins: Vec<(Peer, Result<PathBuf, String>)> = peers
+fn column_specs(plan: &BenchPlan) -> Vec<ColumnSpec> {
+    let peer_bins: Vec<(Peer, Result<PathBuf, String>)> = plan
+        .peers
         .iter()
         .map(|&p| {
             (
@@ -588,8 +446,8 @@ fn column_specs(args: &BenchArgs, peers: &[Peer]) -> Vec<ColumnSpec> {
         })
         .collect();
     let mut specs = Vec::new();
-    for setup in setups {
-        for p in &args.providers {
+    for &setup in &plan.setups {
+        for p in &plan.providers {
             specs.push(ColumnSpec {
                 label: format!("proxy {}{}", p.as_str(), setup.suffix()),
                 setup,
@@ -611,27 +469,27 @@ fn column_specs(args: &BenchArgs, peers: &[Peer]) -> Vec<ColumnSpec> {
 /// `tcp_metrics_cache`: what the bench did with the kernel's TCP metrics cache;
 /// `client_congestion_control`: its clients' congestion control.
 fn settings_record(
-    args: &BenchArgs,
+    plan: &BenchPlan,
     tcp_metrics_cache: &str,
     client_congestion_control: &str,
 ) -> serde_json::Value {
     serde_json::json!({
         "tls": "1.3", "kx": "x25519", "resumption": false,
         "client": "rustls aws-lc-rs, its stock cipher order (AES-256-GCM first)",
-        "idle_clients": args.idle_clients,
-        "sink": args.sink,
-        "rounds": args.repeat.max(1), "duration_s": args.duration.as_secs_f64(), "warmup_s": args.warmup.as_secs_f64(),
-        "concurrency": args.concurrency, "bulk_connections": args.bulk_connections,
-        "idle": args.idle, "latency_requests": args.latency_requests,
-        "proxy_worker_threads": args.proxy_worker_threads,
-        "upstream_nodes": args.upstream_nodes,
-        "setups": args.setups,
+        "idle_clients": plan.idle_clients,
+        "sink": plan.sink,
+        "rounds": plan.rounds, "duration_s": plan.duration.as_secs_f64(), "warmup_s": plan.warmup.as_secs_f64(),
+        "concurrency": plan.concurrency, "bulk_connections": plan.bulk_connections,
+        "idle": plan.idle, "latency_requests": plan.latency_requests,
+        "proxy_worker_threads": plan.proxy_worker_threads,
+        "upstream_nodes": plan.upstream_nodes,
+        "setups": plan.setups,
         "workers": "one-worker: proxy worker_threads as given, nginx worker_processes 1, HAProxy nbthread 1; \
                     defaults: proxy a worker per CPU, nginx worker_processes auto, HAProxy its default threads",
         "cpu": "user+system of the terminator's process tree from /proc",
         "tcp_metrics_cache": tcp_metrics_cache,
         "client_congestion_control": client_congestion_control,
-        "in_process": args.parts.contains(&Part::InProcess).then_some(
+        "in_process": plan.parts.contains(&Part::InProcess).then_some(
             "each terminator of each set-up in front of embedded-qdrant in plaintext, and (with the \
              defaults set-up) embedded-qdrant terminating TLS itself (rustls with ring); CPU of terminator \
              and database together per upsert; UPSERT_100 of 1024-d vectors, wait=true, a new connection \
@@ -642,8 +500,7 @@ fn settings_record(
 /// What starting any column needs.
 #[derive(Clone, Copy)]
 struct StartContext<'a> {
-    args: &'a BenchArgs,
-    proxy_bin: &'a std::path::Path,
+    plan: &'a BenchPlan,
     certs: &'a Certs,
     sinks: &'a [std::net::SocketAddr],
     work: &'a std::path::Path,
@@ -667,17 +524,17 @@ impl ColumnSpec {
     fn start(&self, ctx: &StartContext<'_>) -> Result<Terminator> {
         match &self.which {
             Which::Ours(p) => terminators::start_proxy(
-                ctx.proxy_bin,
+                &ctx.plan.proxy_bin,
                 *p,
                 &self.label,
                 ctx.certs,
                 ctx.sinks,
                 ctx.work,
                 match self.setup {
-                    Setup::OneWorker => ctx.args.proxy_worker_threads,
+                    Setup::OneWorker => ctx.plan.proxy_worker_threads,
                     Setup::Defaults => 0,
                 },
-                &ctx.args.proxy_args,
+                &ctx.plan.proxy_args,
             ),
             Which::Peer(p, Ok(bin)) => terminators::start_peer(
                 *p,
@@ -690,118 +547,6 @@ impl ColumnSpec {
             ),
             Which::Peer(p, Err(e)) => Err(anyhow::anyhow!("{}: {e}", p.as_str())),
         }
-    }
-}
-
-/// The table: each figure with its ratio to nginx's in the same row (below 1.00x is
-/// cheaper or faster than nginx for every row here), then the notes for missing figures.
-pub fn render(result: &BenchResult) -> String {
-    let mut out = String::new();
-    out.push_str("| work | unit |");
-    for c in &result.columns {
-        out.push_str(&format!(" {c} |"));
-    }
-    out.push_str("\n|---|---|");
-    for _ in &result.columns {
-        out.push_str("---:|");
-    }
-    out.push('\n');
-    let mut notes = Vec::new();
-    let rounds = result.settings["rounds"].as_u64().unwrap_or(1);
-    if let Some(kx) = result.settings["kx"].as_str() {
-        // The proxy's production default offers more (ML-KEM first where the provider has
-        // it); a comparison pins one group for every terminator, and says so.
-        notes.push(format!(
-            "every terminator pinned to TLS {} and one key-exchange group, {kx}, without \
-             resumption (the proxy's default offers x25519mlkem768 first where its provider has it)",
-            result.settings["tls"].as_str().unwrap_or("?")
-        ));
-    }
-    match result.settings["sink"].as_str() {
-        Some("early-answer") => notes.push(
-            "the sink answered every upload at once, before reading its body (`--sink early-answer`)"
-                .to_owned(),
-        ),
-        Some(_) => notes.push(
-            "the sink read every request body whole before it answered, as Qdrant does".to_owned(),
-        ),
-        None => {}
-    }
-    if let Some(cache) = result.settings["tcp_metrics_cache"]
-        .as_str()
-        .filter(|c| c.starts_with("on"))
-    {
-        notes.push(format!(
-            "the kernel's TCP metrics cache was {cache}: each column's connections may have \
-             started from what the previous column's left (run as root to turn it off)"
-        ));
-    }
-    if let Some(cc) = result.settings["client_congestion_control"].as_str() {
-        notes.push(format!(
-            "the clients' TCP congestion control: {cc}; on loopback a client's sending runs \
-             partly on the terminator's CPU, as each ACK the terminator sends is processed by \
-             the client's socket at once"
-        ));
-    }
-    if let Some(in_process) = result.settings["in_process"].as_str() {
-        notes.push(format!("the rows into embedded-qdrant: {in_process}"));
-    }
-    if rounds > 1 {
-        notes.push(format!(
-            "median of {rounds} interleaved rounds, and each ratio the median of the {rounds} \
-             rounds' own ratios; the spread of each figure is in bench.json"
-        ));
-    }
-    for row in &result.rows {
-        out.push_str(&format!("| {} | {} |", row.name, row.unit));
-        for c in &result.columns {
-            match row.figures.get(c) {
-                Some(Figure::Value(v)) => {
-                    let ratio = row
-                        .ratios_to_nginx
-                        .get(c)
-                        .map(|r| format!(" ({r:.2}x)"))
-                        .unwrap_or_default();
-                    out.push_str(&format!(" {}{ratio} |", fmt_value(*v)));
-                }
-                Some(Figure::Missing { reason }) => {
-                    let note = format!("{c}: {reason}");
-                    if reason != rows::handshake::NOT_RUSTLS && !notes.contains(&note) {
-                        notes.push(note);
-                    }
-                    out.push_str(" - |");
-                }
-                None => out.push_str(" - |"),
-            }
-        }
-        out.push('\n');
-    }
-    out.push_str(
-        "\nRatios are to nginx in the same row and set-up (below 1.00x: less CPU, memory or time than nginx): \
-         columns without a suffix run one worker each, columns marked (defaults) each terminator at its \
-         own defaults (the proxy a worker per CPU, nginx `worker_processes auto`, HAProxy its default \
-         threads), as `settings` of bench.json records; \
-         with several rounds (`--repeat`) each figure is the median, each ratio the median of the \
-         ratios within a round, and bench.json holds every round; \
-         CPU is the terminator's user+system time over its whole process tree, and \"in the \
-         kernel\" its system time (on loopback that includes delivering each of its writes to \
-         the receiving socket): the part no terminator's own code can remove; the in-memory \
-         handshake is the same provider's server side of a full handshake with no sockets \
-         (rustls only), so what lies beyond it includes the kernel's part.\n",
-    );
-    for n in notes {
-        out.push_str(&format!("- {n}\n"));
-    }
-    out
-}
-
-fn fmt_value(v: f64) -> String {
-    if v.abs() >= 100.0 {
-        format!("{v:.0}")
-    } else if v.abs() >= 10.0 {
-        format!("{v:.1}")
-    } else {
-        format!("{v:.2}")
     }
 }
 

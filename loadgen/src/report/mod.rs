@@ -10,16 +10,18 @@
 pub mod chart;
 mod html;
 mod markdown;
+mod metrics;
 
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
 
 use proxy::crypto::{CertAlgorithmName, ProviderName};
 
-use crate::result::{CellFailure, CellProvider, Measured, RunResult, FAILURE_SCHEMA, SCHEMA};
+use crate::result::{CellFailure, CellProvider, RunResult};
 use crate::result::{OnOff, TlsVersion};
+pub use metrics::{Better, Metric, METRICS};
 
 const ALGORITHM_ORDER: [&str; 4] = [
     CertAlgorithmName::ALL[0].as_str(),
@@ -27,278 +29,6 @@ const ALGORITHM_ORDER: [&str; 4] = [
     CertAlgorithmName::ALL[2].as_str(),
     CertAlgorithmName::ALL[3].as_str(),
 ];
-
-/// Which way a metric improves.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Better {
-    /// More is better (requests per second).
-    Higher,
-    /// Less is better (latency, CPU per request).
-    Lower,
-}
-
-/// One derived figure.
-pub struct Metric {
-    /// Its key in the CSV and in `Report::figures`.
-    pub key: &'static str,
-    /// Its name in tables and charts.
-    pub title: &'static str,
-    /// Its unit.
-    pub unit: &'static str,
-    /// Which way it improves: ratios are oriented so that above 1 is better.
-    pub better: Better,
-    /// Drawn as a chart in the HTML.
-    pub charted: bool,
-    /// Shown only when some cell measured it (the co-located embedding load is optional: a
-    /// comparison without one gets no empty columns for it).
-    pub optional: bool,
-    /// Reads it from one result, or says why it cannot.
-    pub extract: fn(&RunResult) -> Result<f64, String>,
-}
-
-fn proxy_cpu(r: &RunResult) -> Result<f64, String> {
-    r.proxy_cpu_seconds().ok_or_else(|| {
-        r.proxy_metrics
-            .reason
-            .clone()
-            .unwrap_or_else(|| "proxy CPU not measured".to_owned())
-    })
-}
-
-fn watts(r: &RunResult) -> Result<(f64, f64), String> {
-    match (&r.power.value, &r.power.reason) {
-        (Some(p), _) => Ok((p.mean_watts, p.joules)),
-        (None, Some(reason)) => Err(reason.clone()),
-        (None, None) => Err("power not measured".to_owned()),
-    }
-}
-
-fn latency(r: &RunResult, pick: fn(&crate::result::Percentiles) -> f64) -> Result<f64, String> {
-    r.latency_ms
-        .as_ref()
-        .map(pick)
-        .ok_or_else(|| "no latency recorded".into())
-}
-
-/// The proxy host's CPU: the target host's when it was measured through its node_exporter
-/// (remote mode), else this host's, where loadgen and the proxy ran together.
-fn system_cpu(r: &RunResult) -> Result<f64, String> {
-    let m = match &r.cpu.target_host_utilisation_percent {
-        target @ Measured { value: Some(_), .. } => target,
-        _ => &r.cpu.system_utilisation_percent,
-    };
-    m.value.ok_or_else(|| m.reason.clone().unwrap_or_default())
-}
-
-fn per_ok(r: &RunResult) -> Result<f64, String> {
-    if r.requests_ok == 0 {
-        Err("no request succeeded".to_owned())
-    } else {
-        Ok(r.requests_ok as f64)
-    }
-}
-
-/// Every figure of the report, in table order.
-pub const METRICS: &[Metric] = &[
-    Metric {
-        key: "requests_per_second",
-        title: "Throughput",
-        unit: "requests/s",
-        better: Better::Higher,
-        charted: true,
-        optional: false,
-        extract: |r| Ok(r.requests_per_second),
-    },
-    Metric {
-        key: "latency_p50_ms",
-        title: "P50 latency",
-        unit: "ms",
-        better: Better::Lower,
-        charted: true,
-        optional: false,
-        extract: |r| latency(r, |l| l.p50),
-    },
-    Metric {
-        key: "latency_p99_ms",
-        title: "P99 latency",
-        unit: "ms",
-        better: Better::Lower,
-        charted: false,
-        optional: false,
-        extract: |r| latency(r, |l| l.p99),
-    },
-    Metric {
-        key: "payload_mb_per_second",
-        title: "Payload",
-        unit: "MB/s",
-        better: Better::Higher,
-        charted: true,
-        optional: false,
-        extract: |r| Ok(r.payload_mb_per_second),
-    },
-    Metric {
-        key: "system_cpu_percent",
-        title: "System CPU utilisation",
-        unit: "% of all cores",
-        better: Better::Lower,
-        charted: true,
-        optional: false,
-        extract: system_cpu,
-    },
-    Metric {
-        key: "proxy_cpu_percent",
-        title: "Proxy CPU",
-        unit: "% of one core",
-        better: Better::Lower,
-        charted: false,
-        optional: false,
-        extract: |r| {
-            let secs = proxy_cpu(r)?;
-            if r.measured_seconds > 0.0 {
-                Ok(100.0 * secs / r.measured_seconds)
-            } else {
-                Err("no measured time".to_owned())
-            }
-        },
-    },
-    Metric {
-        key: "cpu_headroom_percent",
-        title: "CPU headroom",
-        unit: "% of all cores idle",
-        better: Better::Higher,
-        charted: false,
-        optional: false,
-        extract: |r| system_cpu(r).map(|u| 100.0 - u),
-    },
-    Metric {
-        key: "requests_per_watt",
-        title: "Requests per watt",
-        unit: "requests/s per W",
-        better: Better::Higher,
-        charted: true,
-        optional: false,
-        extract: |r| {
-            let (w, _) = watts(r)?;
-            if w > 0.0 {
-                Ok(r.requests_per_second / w)
-            } else {
-                Err("zero watts measured".to_owned())
-            }
-        },
-    },
-    Metric {
-        key: "joules_per_1000_requests",
-        title: "Energy",
-        unit: "J per 1000 requests",
-        better: Better::Lower,
-        charted: false,
-        optional: false,
-        extract: |r| {
-            let (_, j) = watts(r)?;
-            Ok(1000.0 * j / per_ok(r)?)
-        },
-    },
-    Metric {
-        key: "requests_per_proxy_cpu_second",
-        title: "Requests per proxy CPU-second",
-        unit: "requests/CPU-s",
-        better: Better::Higher,
-        charted: false,
-        optional: false,
-        extract: |r| {
-            let secs = proxy_cpu(r)?;
-            if secs > 0.0 {
-                Ok(per_ok(r)? / secs)
-            } else {
-                Err("proxy used no measurable CPU".to_owned())
-            }
-        },
-    },
-    Metric {
-        key: "proxy_cpu_ms_per_handshake",
-        title: "Proxy CPU per handshake",
-        unit: "ms CPU (incl. the request)",
-        better: Better::Lower,
-        charted: true,
-        optional: false,
-        extract: |r| match (&r.proxy_metrics.value, &r.proxy_metrics.reason) {
-            (Some(m), _) => m
-                .cpu_seconds_per_handshake
-                .map(|s| s * 1000.0)
-                .ok_or_else(|| "no handshakes in the measured phase".to_owned()),
-            // A peer terminator (nginx, HAProxy) has no such metrics: its watched CPU over
-            // the handshakes the client made.
-            (None, reason) => match (proxy_cpu(r), r.handshakes.count) {
-                (Ok(secs), n) if n > 0 => Ok(1000.0 * secs / n as f64),
-                (Ok(_), _) => Err("no handshakes in the measured phase".to_owned()),
-                (Err(_), _) => Err(reason
-                    .clone()
-                    .unwrap_or_else(|| "proxy CPU not measured".into())),
-            },
-        },
-    },
-    Metric {
-        key: "embeddings_per_second",
-        title: "Co-located embeddings",
-        unit: "embeddings/s",
-        better: Better::Higher,
-        charted: true,
-        optional: true,
-        extract: |r| {
-            let live = embed_live(r)?;
-            if live.ok == 0 {
-                return Err(format!(
-                    "no embedding call answered ({} failed{})",
-                    live.failed,
-                    live.first_error
-                        .as_deref()
-                        .map(|e| format!(": {e}"))
-                        .unwrap_or_default()
-                ));
-            }
-            Ok(live.embeddings_per_second)
-        },
-    },
-    Metric {
-        key: "embedding_latency_p50_ms",
-        title: "Embedding call P50",
-        unit: "ms",
-        better: Better::Lower,
-        charted: false,
-        optional: true,
-        extract: |r| {
-            embed_live(r)?
-                .latency_ms
-                .as_ref()
-                .map(|l| l.p50)
-                .ok_or_else(|| "no embedding call answered".to_owned())
-        },
-    },
-    Metric {
-        key: "embedder_cpu_percent",
-        title: "CPU the embedder got",
-        unit: "% of one core",
-        better: Better::Higher,
-        charted: false,
-        optional: true,
-        extract: |r| {
-            embed_live(r)?;
-            r.cpu
-                .watched
-                .iter()
-                .find(|p| p.name == "embedder")
-                .map(|p| p.percent_of_core)
-                .ok_or_else(|| "embedder CPU not watched (--watch-pid embedder=PID)".to_owned())
-        },
-    },
-];
-
-/// The co-located embedding load of a run, or why there is none.
-fn embed_live(r: &RunResult) -> Result<&crate::result::EmbedLiveRecord, String> {
-    r.embed_live
-        .as_ref()
-        .ok_or_else(|| "no co-located embedding load in this run".to_owned())
-}
 
 /// One figure of one provider x algorithm, over its repeats.
 #[derive(Clone, Debug)]
@@ -408,16 +138,10 @@ fn median(sorted: &[f64]) -> f64 {
     }
 }
 
-/// A cell's results by round, each with the file it came from.
-type RepeatParts = BTreeMap<u32, Vec<(String, RunResult)>>;
-
-/// Each cell's results, one per round (the processes of a round merged), by cell.
-type CellRuns = BTreeMap<(CellProvider, String), Vec<RunResult>>;
-
 /// Reads every cell JSON of `dir/cells`.
 pub fn load(dir: &Path) -> Result<Report> {
     let cells_dir = dir.join("cells");
-    let (runs, failures) = read_cells(&cells_dir)?;
+    let (runs, failures) = crate::cells::read(&cells_dir)?;
     if runs.is_empty() && failures.is_empty() {
         bail!("no cell results in {}", cells_dir.display());
     }
@@ -468,64 +192,6 @@ pub fn load(dir: &Path) -> Result<Report> {
     };
     report.verdicts = verdicts(&report);
     Ok(report)
-}
-
-/// The results and the failures in `cells_dir`, the results of one cell's round merged
-/// when several loadgen processes ran it side by side.
-fn read_cells(cells_dir: &Path) -> Result<(CellRuns, Vec<CellFailure>)> {
-    let mut files: Vec<_> = std::fs::read_dir(cells_dir)
-        .with_context(|| {
-            format!(
-                "reading {} (is this a `loadgen compare` output folder?)",
-                cells_dir.display()
-            )
-        })?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.extension().is_some_and(|e| e == "json"))
-        .collect();
-    files.sort();
-    // (provider, algorithm) -> repeat -> the results of that repeat: several when loadgen
-    // processes ran the cell side by side (merged below).
-    let mut parts: BTreeMap<(CellProvider, String), RepeatParts> = BTreeMap::new();
-    let mut failures: Vec<CellFailure> = Vec::new();
-    for f in &files {
-        let bytes = std::fs::read(f).with_context(|| format!("reading {}", f.display()))?;
-        let v: serde_json::Value = serde_json::from_slice(&bytes)
-            .with_context(|| format!("{} is not JSON", f.display()))?;
-        match v["schema"].as_str() {
-            Some(SCHEMA) => {
-                let r: RunResult = serde_json::from_value(v)
-                    .with_context(|| format!("{}: bad run result", f.display()))?;
-                let Some(cell) = r.cell.clone() else {
-                    bail!(
-                        "{}: a run result without a cell (not written by compare)",
-                        f.display()
-                    );
-                };
-                parts
-                    .entry((cell.provider, cell.algorithm))
-                    .or_default()
-                    .entry(cell.repeat)
-                    .or_default()
-                    .push((f.display().to_string(), r));
-            }
-            Some(FAILURE_SCHEMA) => failures.push(serde_json::from_value(v)?),
-            other => bail!("{}: unknown schema {other:?}", f.display()),
-        }
-    }
-    let mut runs = CellRuns::new();
-    for (cell, repeats) in parts {
-        for (_, mut list) in repeats {
-            let run = if list.len() == 1 {
-                list.pop().expect("one").1
-            } else {
-                let (names, results): (Vec<String>, Vec<RunResult>) = list.into_iter().unzip();
-                crate::merge::merge(&results, &names)?
-            };
-            runs.entry(cell.clone()).or_default().push(run);
-        }
-    }
-    Ok((runs, failures))
 }
 
 /// Every metric of one cell over its rounds: median, range and count, or why it is missing.

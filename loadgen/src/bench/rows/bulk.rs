@@ -88,7 +88,7 @@ impl RowSet for KeepAliveBulk {
                     addr,
                     kind: *kind,
                     policy: ConnectionPolicy::Reuse,
-                    concurrency: round.bench.args.bulk_connections,
+                    concurrency: round.bench.plan.bulk_connections,
                 };
                 let figure = timed_figure(
                     round,

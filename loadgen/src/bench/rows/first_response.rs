@@ -42,7 +42,7 @@ impl RowSet for FirstResponse {
             let figure = median_first_response(
                 addr,
                 &connector,
-                round.bench.args.first_response_connections,
+                round.bench.plan.first_response_connections,
                 round,
             )
             .await;

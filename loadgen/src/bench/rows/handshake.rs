@@ -10,7 +10,7 @@ use proxy::crypto::{CertAlgorithmName, ProviderName};
 use super::{timed_figure, LoopPlan, Measuring, Round, RowSet, PER_CONNECTION};
 use crate::bench::table::Table;
 use crate::bench::workloads::{Bulk, TinyGet};
-use crate::bench::BenchArgs;
+use crate::bench::BenchPlan;
 use crate::driver::ConnectionPolicy;
 
 /// Why a peer has no in-memory handshake figure (rendered as a dash, not as a note).
@@ -40,9 +40,9 @@ pub struct TinyOnNewConnection {
 
 impl TinyOnNewConnection {
     /// For `--algorithms`.
-    pub fn new(args: &BenchArgs) -> Self {
+    pub fn new(plan: &BenchPlan) -> Self {
         Self {
-            algorithms: args.algorithms.clone(),
+            algorithms: plan.algorithms.clone(),
             keys: Vec::new(),
         }
     }
@@ -86,7 +86,7 @@ async fn measure_algorithm(round: &Round<'_>, keys: &Keys, table: &mut Table) {
         addr: round.t.addrs[&keys.alg],
         kind: Bulk::H1Rest,
         policy: ConnectionPolicy::New,
-        concurrency: round.bench.args.concurrency,
+        concurrency: round.bench.plan.concurrency,
     };
     let per_conn = timed_figure(
         round,

@@ -27,11 +27,10 @@ use super::{loop_config, Bench, ColumnStarter, Measuring, Round, RowSet, When};
 use crate::bench::table::Table;
 use crate::bench::terminators::{Database, Setup, Terminator};
 use crate::bench::workloads::{self, Bulk, Clients, RecurringUpserts};
-use crate::bench::BenchArgs;
+use crate::bench::BenchPlan;
 use crate::client::qdrant::Admin;
 use crate::client::{Connector, Target};
 use crate::driver::{self, ConnectionPolicy};
-use crate::procs::sibling_binary;
 use crate::workload::{UpsertSpec, Workload, ID_MIN, TEMPLATE_VARIANTS};
 
 /// The collection every loop upserts into, recreated on each database.
@@ -81,10 +80,10 @@ pub struct InProcessTls {
 impl InProcessTls {
     /// For `--algorithms`; the database's own TLS measured when `--setups` has the
     /// defaults set-up.
-    pub fn new(args: &BenchArgs) -> Self {
+    pub fn new(plan: &BenchPlan) -> Self {
         Self {
-            algorithms: args.algorithms.clone(),
-            own_tls: args.setups.contains(&Setup::Defaults),
+            algorithms: plan.algorithms.clone(),
+            own_tls: plan.setups.contains(&Setup::Defaults),
             keys: Vec::new(),
         }
     }
@@ -152,12 +151,8 @@ impl RowSet for InProcessTls {
         table: &'a mut Table,
     ) -> Measuring<'a, ()> {
         Box::pin(async move {
-            let binary = bench
-                .args
-                .upstream_bin
-                .clone()
-                .unwrap_or_else(|| sibling_binary("embedded-qdrant"));
-            let work = bench.args.out.join("work");
+            let binary = bench.plan.upstream_bin.clone();
+            let work = bench.plan.out.join("work");
             let vectors = crate::vectors::synthetic(TEMPLATE_VARIANTS * POINTS, DIM, 0x1b_5eed);
             for kind in [Bulk::H1Rest, Bulk::Grpc] {
                 if bench.stop.is_cancelled() {
@@ -222,7 +217,7 @@ impl InProcessTls {
             kind,
             vectors,
         };
-        for round in 1..=bench.args.repeat.max(1) {
+        for round in 1..=bench.plan.rounds {
             table.set_round(round);
             for k in &keys {
                 // The database's own TLS is the last column, in the order's turn like the
@@ -402,7 +397,7 @@ async fn measure_loop(
     let source: Arc<dyn crate::workload::RequestSource> =
         Arc::new(RecurringUpserts::new(upserts, RECURRING));
     let run = |duration| {
-        let config = loop_config(ConnectionPolicy::New, bench.args.concurrency, duration);
+        let config = loop_config(ConnectionPolicy::New, bench.plan.concurrency, duration);
         driver::run(
             source.clone(),
             connector.clone(),
@@ -410,10 +405,10 @@ async fn measure_loop(
             bench.stop.clone(),
         )
     };
-    run(bench.args.warmup).await;
+    run(bench.plan.warmup).await;
     let front = terminator.map(Terminator::cpu_window).transpose()?;
     let db = upstream.db.cpu_window()?;
-    let out = run(bench.args.duration).await;
+    let out = run(bench.plan.duration).await;
     let front = front.map(|w| w.close()).transpose()?;
     let db = db.close().context("the database's CPU")?;
     let failed = super::failed(&out);

@@ -51,15 +51,15 @@ async fn mean_ms(
     authority: &str,
     body: &Bytes,
 ) -> Result<f64> {
-    let args = bench.args;
+    let plan = bench.plan;
     let source = Arc::new(Upload::new(Bulk::H2Rest, body.clone(), authority, false)?);
     let config = DriverConfig {
         mode: Mode::Closed,
         concurrency: 1,
         policy: ConnectionPolicy::Reuse,
-        duration: Some(args.duration * 3),
-        requests: Some(args.latency_requests.max(1) as u64),
-        warmup: args.warmup,
+        duration: Some(plan.duration * 3),
+        requests: Some(plan.latency_requests.max(1) as u64),
+        warmup: plan.warmup,
         request_timeout: UNIT_LIMIT,
         shared_connections: None,
         progress: false,
@@ -69,7 +69,7 @@ async fn mean_ms(
         bail!("{kind}: {e}");
     }
     if out.ok == 0 {
-        bail!("no request finished within {:?}", args.duration * 3);
+        bail!("no request finished within {:?}", plan.duration * 3);
     }
     Ok(out.latency_us.mean() / 1000.0)
 }

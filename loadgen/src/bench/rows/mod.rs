@@ -27,7 +27,7 @@ use tokio_util::sync::CancellationToken;
 use super::table::Table;
 use super::terminators::{Certs, Setup, Terminator};
 use super::workloads::{self, Bulk, Clients};
-use super::{BenchArgs, Part};
+use super::{BenchPlan, Part};
 use crate::client::Connector;
 use crate::driver::{self, ConnectionPolicy, DriverConfig, Mode};
 use crate::probe::cpu::CpuSplit;
@@ -41,8 +41,8 @@ const MAX_UNITS_PER_LOOP: u64 = 1_000_000;
 
 /// What every row may use, the same for the whole bench.
 pub struct Bench<'a> {
-    /// The command line.
-    pub args: &'a BenchArgs,
+    /// What the bench measures and how.
+    pub plan: &'a BenchPlan,
     /// The TLS clients.
     pub clients: &'a Clients,
     /// The certificates every terminator serves.
@@ -144,28 +144,22 @@ pub trait RowSet {
     }
 }
 
-/// The row sets `args` asks for, in table order (the order of [`Part`]).
-pub fn registered(args: &BenchArgs) -> Vec<Box<dyn RowSet>> {
-    let mut parts = args.parts.clone();
-    parts.sort();
-    parts.dedup();
+/// The row sets `plan` asks for, in table order (the order of [`Part`]).
+pub fn registered(plan: &BenchPlan) -> Vec<Box<dyn RowSet>> {
     let mut sets: Vec<Box<dyn RowSet>> = Vec::new();
-    for part in parts {
+    for &part in &plan.parts {
         match part {
-            Part::Handshake => sets.push(Box::new(handshake::TinyOnNewConnection::new(args))),
-            Part::Upsert => sets.push(Box::new(upsert::UpsertOnNewConnection::new(args))),
+            Part::Handshake => sets.push(Box::new(handshake::TinyOnNewConnection::new(plan))),
+            Part::Upsert => sets.push(Box::new(upsert::UpsertOnNewConnection::new(plan))),
             Part::Bulk => sets.push(Box::new(bulk::KeepAliveBulk::new())),
             Part::Idle => {
-                let mut clients = args.idle_clients.clone();
-                clients.sort();
-                clients.dedup();
-                for client in clients {
-                    sets.push(Box::new(idle::Idle::new(client, &args.idle)));
+                for &client in &plan.idle_clients {
+                    sets.push(Box::new(idle::Idle::new(client, &plan.idle)));
                 }
             }
             Part::FirstResponse => sets.push(Box::new(first_response::FirstResponse::default())),
             Part::Latency => sets.push(Box::new(latency::Latency::new())),
-            Part::InProcess => sets.push(Box::new(in_process::InProcessTls::new(args))),
+            Part::InProcess => sets.push(Box::new(in_process::InProcessTls::new(plan))),
         }
     }
     sets
@@ -214,14 +208,16 @@ async fn cpu_over_loop(
     source: &Arc<dyn RequestSource>,
     plan: &LoopPlan,
 ) -> Result<(CpuSplit, driver::Outcome)> {
-    let Bench { args, stop, .. } = round.bench;
+    let Bench {
+        plan: bench, stop, ..
+    } = round.bench;
     let run = |duration| {
         let config = loop_config(plan.policy, plan.concurrency, duration);
         driver::run(source.clone(), connector.clone(), config, (*stop).clone())
     };
-    run(args.warmup).await;
+    run(bench.warmup).await;
     let window = round.t.cpu_window()?;
-    let outcome = run(args.duration).await;
+    let outcome = run(bench.duration).await;
     Ok((window.close()?, outcome))
 }
 

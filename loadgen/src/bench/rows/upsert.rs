@@ -11,7 +11,7 @@ use proxy::crypto::CertAlgorithmName;
 use super::{timed_figure, LoopPlan, Measuring, Round, RowSet, PER_UPSERT};
 use crate::bench::table::Table;
 use crate::bench::workloads::{grpc_body, json_body, Bulk, Upload};
-use crate::bench::BenchArgs;
+use crate::bench::BenchPlan;
 use crate::driver::ConnectionPolicy;
 
 /// An UPSERT_100 of 1024-d vectors as REST JSON with four decimals (~800 KB) and as gRPC
@@ -39,9 +39,9 @@ pub struct UpsertOnNewConnection {
 
 impl UpsertOnNewConnection {
     /// For `--algorithms`.
-    pub fn new(args: &BenchArgs) -> Self {
+    pub fn new(plan: &BenchPlan) -> Self {
         Self {
-            algorithms: args.algorithms.clone(),
+            algorithms: plan.algorithms.clone(),
             json: json_body(JSON_BODY),
             grpc: grpc_body(GRPC_BODY),
             keys: Vec::new(),
@@ -93,7 +93,7 @@ impl RowSet for UpsertOnNewConnection {
                     addr,
                     kind: k.kind,
                     policy: ConnectionPolicy::New,
-                    concurrency: round.bench.args.concurrency,
+                    concurrency: round.bench.plan.concurrency,
                 };
                 let what = format!("{:?} upsert, new connection, {}", k.kind, k.alg.as_str());
                 let figure = timed_figure(

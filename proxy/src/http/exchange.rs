@@ -1,0 +1,416 @@
+//! One request's exchange with the upstream, in three stages that each own what they
+//! touch:
+//!
+//! 1. **Admission** ([`HttpForwarder::admit`]): the refusals that need no upstream (a
+//!    connection closing for a reset flood, CONNECT, a head or an announced body over the
+//!    limits), then one of the upstream's request slots, taken last so that nothing
+//!    refused ever holds one. What passes is an [`Admitted`] request: head, body, slot.
+//! 2. **The rewritten head** ([`UpstreamHead`]): hop-by-hop headers gone, the forwarding
+//!    headers set, the upstream's protocol version; per attempt, the URI of the node
+//!    tried, the head copied while another node is left to try and moved into the last.
+//! 3. **Send and retry** ([`HttpForwarder::send`]): a node leased, the request sent under
+//!    the response timeout, a failed connect moved to another node with the body handed
+//!    back unread, and the answer passed on with the slot holding the node's lease.
+//!
+//! Any stage may end in a [`Refusal`], which [`HttpForwarder::exchange`] turns into the
+//! proxy's own answer. The order of release is kept by ownership: the slot goes into the
+//! response body it stays with (and holds the lease from then on), or ends with `send`;
+//! a lease that did not answer ends with its attempt, before the slot.
+
+use std::borrow::Cow;
+use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::request::Parts;
+use http::uri::{Authority, PathAndQuery};
+use http::{Request, Response, Uri, Version};
+use http_body_util::BodyExt;
+use hyper::body::Incoming;
+use tokio::time::Instant;
+
+use super::body::{BodyReturn, CappedBody, RequestBodyError, ResponseBody, UpstreamSlot};
+use super::errors::{error_response, Failure};
+use super::head::{content_length, rewrite_head, strip_hop_by_hop};
+use super::{ForwardService, HttpForwarder};
+use crate::access_log::PendingRecord;
+use crate::config::UpstreamProtocol;
+use crate::error_chain;
+use crate::upstream::NodeLease;
+
+/// Oversized HTTP/1.1 bodies up to this size are read and discarded before the 413 so the
+/// client sees the answer; larger ones just get the answer and a closed connection.
+const LINGER_DRAIN_MAX_BYTES: u64 = 256 * 1024 * 1024;
+/// Time allowed for that draining.
+const LINGER_DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Why the proxy answers a request itself: the failure, which decides the status, and the
+/// message the client reads (naming nothing internal; details go to the log).
+pub(super) struct Refusal {
+    failure: Failure,
+    message: Cow<'static, str>,
+}
+
+impl Refusal {
+    fn new(failure: Failure, message: impl Into<Cow<'static, str>>) -> Self {
+        Self {
+            failure,
+            message: message.into(),
+        }
+    }
+}
+
+/// A request admitted to the upstream: its head and body, the upstream slot it holds, and
+/// the upstream protocol it goes over.
+pub(super) struct Admitted {
+    parts: Parts,
+    body: Incoming,
+    slot: UpstreamSlot,
+    use_h2c: bool,
+}
+
+/// The client's head rewritten for the upstream; the URI is set per attempt.
+struct UpstreamHead {
+    /// Copied by attempts that may be retried, taken by the last.
+    parts: Option<Parts>,
+    path_and_query: PathAndQuery,
+    client_is_h2: bool,
+}
+
+impl UpstreamHead {
+    fn new(
+        mut parts: Parts,
+        use_h2c: bool,
+        first_node: &Authority,
+        client: &ForwardService,
+    ) -> Self {
+        let client_is_h2 = parts.version == Version::HTTP_2;
+        let path_and_query = parts
+            .uri
+            .path_and_query()
+            .cloned()
+            .unwrap_or_else(|| PathAndQuery::from_static("/"));
+        rewrite_head(
+            &mut parts,
+            use_h2c,
+            first_node,
+            &client.peer_ip,
+            client.peer_trusted,
+        );
+        Self {
+            parts: Some(parts),
+            path_and_query,
+            client_is_h2,
+        }
+    }
+
+    /// The request to `lease`'s node, with the client's body capped at `max_body` bytes
+    /// and counted in `bytes_in`. With `retryable`, the head is copied and the body kept
+    /// returnable (the [`BodyReturn`]) so a failed connect can go elsewhere; otherwise both
+    /// are taken as they are.
+    fn request(
+        &mut self,
+        lease: &NodeLease,
+        body: Incoming,
+        retryable: bool,
+        max_body: u64,
+        client: &ForwardService,
+        bytes_in: Option<&Arc<AtomicU64>>,
+    ) -> Result<(Request<CappedBody>, Option<BodyReturn>), Refusal> {
+        let uri = Uri::builder()
+            .scheme(lease.addr().scheme())
+            .authority(lease.addr().authority.clone())
+            .path_and_query(self.path_and_query.clone())
+            .build()
+            .map_err(|e| {
+                Refusal::new(Failure::Internal, format!("cannot build upstream URI: {e}"))
+            })?;
+        let activity = client.activity.clone();
+        if retryable {
+            let (capped, back) = CappedBody::returnable(body, max_body, activity);
+            let capped = capped
+                .counting(bytes_in)
+                .draining_when_abandoned(self.client_is_h2);
+            let head = self.parts.as_ref().expect("kept while retries remain");
+            let mut req = Request::new(capped);
+            *req.method_mut() = head.method.clone();
+            *req.uri_mut() = uri;
+            *req.version_mut() = head.version;
+            *req.headers_mut() = head.headers.clone();
+            Ok((req, Some(back)))
+        } else {
+            let mut head = self.parts.take().expect("the head is used once, last");
+            head.uri = uri;
+            let capped = CappedBody::new(body, max_body, activity)
+                .counting(bytes_in)
+                .draining_when_abandoned(self.client_is_h2);
+            Ok((Request::from_parts(head, capped), None))
+        }
+    }
+}
+
+impl HttpForwarder {
+    /// One request forwarded (admitted, rewritten, sent and retried), or the proxy's own
+    /// answer for the stage that refused it.
+    pub(super) async fn exchange(
+        &self,
+        req: Request<Incoming>,
+        grpc: bool,
+        client: &ForwardService,
+        started: Instant,
+        log: Option<&mut PendingRecord>,
+    ) -> Response<ResponseBody> {
+        let answered = match self.admit(req, grpc, client).await {
+            Ok(admitted) => self.send(admitted, client, log).await,
+            Err(refusal) => Err(refusal),
+        };
+        answered.unwrap_or_else(|r| {
+            error_response(r.failure, grpc, &r.message, started.elapsed().as_secs_f64())
+        })
+    }
+
+    /// Stage 1: the refusals that need no upstream, then an upstream slot.
+    async fn admit(
+        &self,
+        req: Request<Incoming>,
+        grpc: bool,
+        client: &ForwardService,
+    ) -> Result<Admitted, Refusal> {
+        if client.activity.is_flooding() {
+            // The connection is being closed for resetting too many streams; until the
+            // client has read the GOAWAY, its new streams cost the upstream nothing.
+            return Err(Refusal::new(
+                Failure::Overloaded,
+                "this connection cancelled too many requests and is closing",
+            ));
+        }
+        if req.method() == http::Method::CONNECT {
+            self.metrics.client_error("method");
+            return Err(Refusal::new(
+                Failure::MethodNotAllowed,
+                "CONNECT is not served: the proxy forwards requests, it opens no tunnels",
+            ));
+        }
+        // hyper bounds its read buffer, but a head that arrives in one read can exceed it;
+        // this check makes the configured limit exact for HTTP/1.1 and HTTP/2 alike.
+        let head_bytes: usize = req
+            .headers()
+            .iter()
+            .map(|(k, v)| k.as_str().len() + v.len() + 4)
+            .sum();
+        if head_bytes > self.limits.max_header_bytes {
+            return Err(Refusal::new(
+                Failure::HeadersTooLarge,
+                format!(
+                    "request headers larger than the proxy's limit of {} bytes",
+                    self.limits.max_header_bytes
+                ),
+            ));
+        }
+        let max_body = self.limits.max_request_body_bytes;
+        if let Some(len) = content_length(req.headers()).filter(|len| *len > max_body) {
+            // An HTTP/1.1 client is still writing the body it announced: closing now would
+            // reset the connection under it and it would never read the 413. Read and
+            // discard a bounded amount first (nginx's lingering close); HTTP/2 cancels the
+            // stream instead.
+            if req.version() < Version::HTTP_2 && len <= LINGER_DRAIN_MAX_BYTES {
+                let mut body = req.into_body();
+                let _ = tokio::time::timeout(LINGER_DRAIN_TIMEOUT, async {
+                    while let Some(Ok(_)) = body.frame().await {}
+                })
+                .await;
+            }
+            return Err(Refusal::new(
+                Failure::RequestTooLarge,
+                format!("request body larger than the proxy's limit of {max_body} bytes"),
+            ));
+        }
+        // At the cap the answer is immediate: queueing would hold the client's slot and
+        // body while the upstream is already saturated.
+        let Ok(permit) = self.upstream_slots.clone().try_acquire_owned() else {
+            self.metrics.upstream_rejected.inc();
+            return Err(Refusal::new(
+                Failure::Overloaded,
+                "the upstream is at its limit of concurrent requests; retry later",
+            ));
+        };
+        let slot = UpstreamSlot::new(permit, self.metrics.upstream_in_flight.clone());
+        let (parts, body) = req.into_parts();
+        let use_h2c = match self.protocol {
+            UpstreamProtocol::H2c => true,
+            UpstreamProtocol::Http1 => false,
+            UpstreamProtocol::Auto => grpc,
+        };
+        Ok(Admitted {
+            parts,
+            body,
+            slot,
+            use_h2c,
+        })
+    }
+
+    /// Stages 2 and 3: the head rewritten, then sent to a node; only a failed connect,
+    /// which the node never read a byte of, moves on to another.
+    async fn send(
+        &self,
+        admitted: Admitted,
+        client: &ForwardService,
+        mut log: Option<&mut PendingRecord>,
+    ) -> Result<Response<ResponseBody>, Refusal> {
+        let Admitted {
+            parts,
+            mut body,
+            mut slot,
+            use_h2c,
+        } = admitted;
+        let mut head = UpstreamHead::new(
+            parts,
+            use_h2c,
+            &self.pool.nodes()[0].addr().authority,
+            client,
+        );
+        let upstream_client = if use_h2c { &self.h2c } else { &self.http1 };
+        // Nodes tried so far (bit i: node i).
+        let mut tried = 0u64;
+        loop {
+            // None: every node refused the connection; the last failure was logged.
+            let lease = self.pool.pick(tried).ok_or_else(|| {
+                Refusal::new(Failure::UpstreamUnavailable, "the upstream is unavailable")
+            })?;
+            if let Some(log) = log.as_deref_mut() {
+                log.set_upstream(&lease.addr().authority);
+            }
+            let retryable = self.pool.has_alternatives()
+                && (tried | lease.bit()).count_ones() < self.pool.nodes().len() as u32;
+            let (upstream_req, body_return) = head.request(
+                &lease,
+                body,
+                retryable,
+                self.limits.max_request_body_bytes,
+                client,
+                log.as_deref().map(PendingRecord::bytes_in),
+            )?;
+            let sent = Instant::now();
+            let result = tokio::time::timeout(
+                self.limits.upstream_response_timeout,
+                upstream_client.request(upstream_req),
+            )
+            .await;
+            match result {
+                Ok(Ok(resp)) => {
+                    self.metrics
+                        .upstream_response(if use_h2c { "h2c" } else { "http1" }, sent.elapsed());
+                    self.pool.connected(&lease);
+                    slot.hold(lease);
+                    let (mut parts, body) = resp.into_parts();
+                    strip_hop_by_hop(&mut parts.headers);
+                    return Ok(Response::from_parts(
+                        parts,
+                        ResponseBody::upstream(body, slot),
+                    ));
+                }
+                Ok(Err(e)) => {
+                    let failure = classify(&e);
+                    if e.is_connect() {
+                        self.pool.connect_failed(&lease);
+                        if let Some(back) = body_return.as_ref().and_then(BodyReturn::take_back) {
+                            // Nothing reached the node: the same request goes to another.
+                            self.note_upstream_failure(&lease, failure, &e);
+                            tried |= lease.bit();
+                            body = back;
+                            self.pool.retried();
+                            continue;
+                        }
+                    }
+                    return Err(self.upstream_failed(&lease, failure, &e));
+                }
+                Err(_) => {
+                    self.metrics.upstream_error("timeout");
+                    lease.failed("timeout");
+                    crate::peer_warn!(listener = %self.metrics.name(), upstream = %lease.addr(), timeout = ?self.limits.upstream_response_timeout, "upstream did not answer in time");
+                    return Err(Refusal::new(
+                        Failure::UpstreamTimeout,
+                        format!(
+                            "the upstream did not answer within {:?}",
+                            self.limits.upstream_response_timeout
+                        ),
+                    ));
+                }
+            }
+        }
+    }
+
+    /// The refusal for an attempt that failed for good: counted, and the details (address,
+    /// OS error) logged, never told to the client.
+    fn upstream_failed(
+        &self,
+        lease: &NodeLease,
+        failure: Failure,
+        e: &hyper_util::client::legacy::Error,
+    ) -> Refusal {
+        let message: Cow<'static, str> = match failure {
+            Failure::RequestTooLarge => format!(
+                "request body larger than the proxy's limit of {} bytes",
+                self.limits.max_request_body_bytes
+            )
+            .into(),
+            Failure::ClientBody => {
+                self.metrics.client_error("body");
+                "the request body was malformed or cut off".into()
+            }
+            Failure::UpstreamTimeout => {
+                self.note_upstream_failure(lease, failure, e);
+                "the upstream did not accept the connection in time".into()
+            }
+            _ => {
+                self.note_upstream_failure(lease, failure, e);
+                "the upstream is unavailable".into()
+            }
+        };
+        Refusal::new(failure, message)
+    }
+
+    /// Counts and logs an exchange with `lease`'s node that failed on the upstream's side.
+    fn note_upstream_failure(
+        &self,
+        lease: &NodeLease,
+        failure: Failure,
+        e: &hyper_util::client::legacy::Error,
+    ) {
+        let kind = if failure == Failure::UpstreamTimeout {
+            "connect_timeout"
+        } else if e.is_connect() {
+            "connect"
+        } else {
+            "protocol"
+        };
+        self.metrics.upstream_error(kind);
+        lease.failed(kind);
+        let what = if kind == "connect_timeout" {
+            "upstream connect timed out"
+        } else {
+            "upstream request failed"
+        };
+        crate::peer_warn!(listener = %self.metrics.name(), upstream = %lease.addr(), error = %error_chain(e), "{what}");
+    }
+}
+
+/// Decides whose fault a failed exchange was and the answer it gets.
+fn classify(e: &hyper_util::client::legacy::Error) -> Failure {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(err) = source {
+        match err.downcast_ref::<RequestBodyError>() {
+            Some(RequestBodyError::TooLarge) => return Failure::RequestTooLarge,
+            Some(RequestBodyError::Client(_)) => return Failure::ClientBody,
+            None => {}
+        }
+        source = err.source();
+    }
+    if e.is_connect() {
+        let chain = error_chain(e);
+        if chain.contains("timed out") || chain.contains("timeout") {
+            return Failure::UpstreamTimeout;
+        }
+    }
+    Failure::UpstreamUnavailable
+}

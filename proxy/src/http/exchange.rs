@@ -1,7 +1,7 @@
 //! One request's exchange with the upstream, in three stages that each own what they
 //! touch:
 //!
-//! 1. **Admission** ([`HttpForwarder::admit`]): the refusals that need no upstream (a
+//! 1. **Admission** ([`HttpForwarder::admit`], synchronous): the refusals that need no upstream (a
 //!    connection closing for a reset flood, CONNECT, a head or an announced body over the
 //!    limits), then one of the upstream's request slots, taken last so that nothing
 //!    refused ever holds one. What passes is an [`Admitted`] request: head, body, slot.
@@ -58,6 +58,31 @@ impl Refusal {
             message: message.into(),
         }
     }
+}
+
+/// A request refused at admission, and a body announced too large that an HTTP/1.1 client
+/// is still writing: read and discarded before the answer (see [`linger`]).
+pub(super) struct Refused {
+    refusal: Refusal,
+    unread: Option<Incoming>,
+}
+
+impl From<Refusal> for Refused {
+    fn from(refusal: Refusal) -> Self {
+        Self {
+            refusal,
+            unread: None,
+        }
+    }
+}
+
+/// Reads and discards what remains of `body`, within [`LINGER_DRAIN_TIMEOUT`] (nginx's
+/// lingering close), so that the client reads the answer instead of a reset.
+async fn linger(mut body: Incoming) {
+    let _ = tokio::time::timeout(LINGER_DRAIN_TIMEOUT, async {
+        while let Some(Ok(_)) = body.frame().await {}
+    })
+    .await;
 }
 
 /// A request admitted to the upstream: its head and body, the upstream slot it holds, and
@@ -160,36 +185,42 @@ impl HttpForwarder {
         started: Instant,
         log: Option<&mut PendingRecord>,
     ) -> Response<ResponseBody> {
-        let answered = match self.admit(req, grpc, client).await {
+        let answered = match self.admit(req, grpc, client) {
             Ok(admitted) => self.send(admitted, client, log).await,
-            Err(refusal) => Err(refusal),
+            Err(Refused { refusal, unread }) => {
+                if let Some(body) = unread {
+                    linger(body).await;
+                }
+                Err(refusal)
+            }
         };
         answered.unwrap_or_else(|r| {
             error_response(r.failure, grpc, &r.message, started.elapsed().as_secs_f64())
         })
     }
 
-    /// Stage 1: the refusals that need no upstream, then an upstream slot.
-    async fn admit(
+    /// Stage 1: the refusals that need no upstream, then an upstream slot. Synchronous, so
+    /// that the exchange's future holds no state of its own for it.
+    fn admit(
         &self,
         req: Request<Incoming>,
         grpc: bool,
         client: &ForwardService,
-    ) -> Result<Admitted, Refusal> {
+    ) -> Result<Admitted, Refused> {
         if client.activity.is_flooding() {
             // The connection is being closed for resetting too many streams; until the
             // client has read the GOAWAY, its new streams cost the upstream nothing.
-            return Err(Refusal::new(
+            return Err(Refused::from(Refusal::new(
                 Failure::Overloaded,
                 "this connection cancelled too many requests and is closing",
-            ));
+            )));
         }
         if req.method() == http::Method::CONNECT {
             self.metrics.client_error("method");
-            return Err(Refusal::new(
+            return Err(Refused::from(Refusal::new(
                 Failure::MethodNotAllowed,
                 "CONNECT is not served: the proxy forwards requests, it opens no tunnels",
-            ));
+            )));
         }
         // hyper bounds its read buffer, but a head that arrives in one read can exceed it;
         // this check makes the configured limit exact for HTTP/1.1 and HTTP/2 alike.
@@ -199,13 +230,13 @@ impl HttpForwarder {
             .map(|(k, v)| k.as_str().len() + v.len() + 4)
             .sum();
         if head_bytes > self.limits.max_header_bytes {
-            return Err(Refusal::new(
+            return Err(Refused::from(Refusal::new(
                 Failure::HeadersTooLarge,
                 format!(
                     "request headers larger than the proxy's limit of {} bytes",
                     self.limits.max_header_bytes
                 ),
-            ));
+            )));
         }
         let max_body = self.limits.max_request_body_bytes;
         if let Some(len) = content_length(req.headers()).filter(|len| *len > max_body) {
@@ -213,26 +244,24 @@ impl HttpForwarder {
             // reset the connection under it and it would never read the 413. Read and
             // discard a bounded amount first (nginx's lingering close); HTTP/2 cancels the
             // stream instead.
-            if req.version() < Version::HTTP_2 && len <= LINGER_DRAIN_MAX_BYTES {
-                let mut body = req.into_body();
-                let _ = tokio::time::timeout(LINGER_DRAIN_TIMEOUT, async {
-                    while let Some(Ok(_)) = body.frame().await {}
-                })
-                .await;
-            }
-            return Err(Refusal::new(
-                Failure::RequestTooLarge,
-                format!("request body larger than the proxy's limit of {max_body} bytes"),
-            ));
+            let unread = (req.version() < Version::HTTP_2 && len <= LINGER_DRAIN_MAX_BYTES)
+                .then(|| req.into_body());
+            return Err(Refused {
+                refusal: Refusal::new(
+                    Failure::RequestTooLarge,
+                    format!("request body larger than the proxy's limit of {max_body} bytes"),
+                ),
+                unread,
+            });
         }
         // At the cap the answer is immediate: queueing would hold the client's slot and
         // body while the upstream is already saturated.
         let Ok(permit) = self.upstream_slots.clone().try_acquire_owned() else {
             self.metrics.upstream_rejected.inc();
-            return Err(Refusal::new(
+            return Err(Refused::from(Refusal::new(
                 Failure::Overloaded,
                 "the upstream is at its limit of concurrent requests; retry later",
-            ));
+            )));
         };
         let slot = UpstreamSlot::new(permit, self.metrics.upstream_in_flight.clone());
         let (parts, body) = req.into_parts();

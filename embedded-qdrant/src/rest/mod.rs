@@ -3,9 +3,9 @@
 //!
 //! The route table is [`router`]: one axum route per path and method, each going to a
 //! handler in `collections` (collections, aliases, payload indexes, server info) or
-//! `points` (points and payloads). Handlers take typed extractors ([`JsonBody`],
-//! [`PathArgs`], [`Wait`]) whose rejections answer in Qdrant's error envelope, and answer
-//! through [`answer`], which wraps a result in `{"result", "status", "time"}` as Qdrant's
+//! `points` (points and payloads). Handlers take typed extractors (`JsonBody`,
+//! `JsonOrEmpty`, `PathArgs`, `Wait`) whose rejections answer in Qdrant's error envelope, and
+//! answer through `answer`, which wraps a result in `{"result", "status", "time"}` as Qdrant's
 //! own handlers do. The API key is one middleware over every route but the health checks;
 //! paths and methods not served get Qdrant's 404 envelope. [`serve`] runs the router on
 //! hyper, over TLS or not, each connection in its own task.

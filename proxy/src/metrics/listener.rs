@@ -106,7 +106,7 @@ impl ListenerMetrics {
             .inc();
     }
 
-    /// A handshake that failed, and why (one of [`HANDSHAKE_FAILURE_REASONS`]); its
+    /// A handshake that failed, and why (one of [`HANDSHAKE_FAILURE_REASONS`](super::HANDSHAKE_FAILURE_REASONS)); its
     /// `outcome` in `proxy_tls_handshakes_total` is `timeout` for a timeout, `error`
     /// otherwise.
     pub fn handshake_failed_because(&self, reason: &'static str) {
@@ -172,7 +172,7 @@ impl ListenerMetrics {
     }
 
     /// A connection the proxy closed on a deadline or limit; `reason` is one of
-    /// [`CLOSE_REASONS`].
+    /// [`CLOSE_REASONS`](super::CLOSE_REASONS).
     pub fn connection_closed(&self, reason: &'static str) {
         self.metrics
             .connection_closes

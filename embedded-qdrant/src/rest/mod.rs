@@ -85,7 +85,7 @@ fn router_with_body_limit(rest: Arc<Rest>, body_limit: usize) -> Router {
         .route("/collections/{name}/points/scroll", post(p::scroll))
         .route(
             "/collections/{name}/points/payload",
-            post(p::set_payload).put(p::overwrite_payload),
+            post(p::set_payload).put(p::set_payload),
         )
         .route(
             "/collections/{name}/points/payload/delete",

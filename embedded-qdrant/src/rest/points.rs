@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use axum::extract::State;
 use axum::response::Response;
-use http::StatusCode;
+use http::{Method, StatusCode};
 use qdrant_edge::{
     CountRequest, DeletePayloadOp, JsonPath, NamedQuery, PayloadOps, PointId, PointOperations,
     QueryEnum, ScrollRequest, SearchRequest, UpdateOperation, VectorInternal, WithVector,
@@ -63,57 +63,26 @@ pub(super) async fn delete(
     answer(apply(&rest, &name, op, wait)).await
 }
 
-/// `POST /collections/{name}/points/payload`: sets the given keys.
+/// `POST /collections/{name}/points/payload` sets the given keys; `PUT` replaces the whole
+/// payload (Qdrant's overwrite_payload).
 pub(super) async fn set_payload(
+    method: Method,
     State(rest): State<Arc<Rest>>,
     PathArgs(name): PathArgs<String>,
     Wait(wait): Wait,
     JsonBody(body): JsonBody<SetPayloadBody>,
 ) -> Response {
-    answer(change_payload(
-        &rest,
-        &name,
-        wait,
-        body,
-        PayloadOps::SetPayload,
-    ))
-    .await
-}
-
-/// `PUT /collections/{name}/points/payload`: replaces the whole payload (Qdrant's
-/// overwrite_payload).
-pub(super) async fn overwrite_payload(
-    State(rest): State<Arc<Rest>>,
-    PathArgs(name): PathArgs<String>,
-    Wait(wait): Wait,
-    JsonBody(body): JsonBody<SetPayloadBody>,
-) -> Response {
-    answer(change_payload(
-        &rest,
-        &name,
-        wait,
-        body,
-        PayloadOps::OverwritePayload,
-    ))
-    .await
-}
-
-async fn change_payload(
-    rest: &Rest,
-    name: &str,
-    wait: bool,
-    body: SetPayloadBody,
-    op: fn(SetPayloadBody) -> PayloadOps,
-) -> Result<Value, ApiError> {
-    if body.points.is_none() && body.filter.is_none() {
-        return Err(ApiError::wrong_input("either points or filter is required"));
-    }
-    apply(
-        rest,
-        name,
-        UpdateOperation::PayloadOperation(op(body)),
-        wait,
-    )
+    answer(async {
+        if body.points.is_none() && body.filter.is_none() {
+            return Err(ApiError::wrong_input("either points or filter is required"));
+        }
+        let op = if method == Method::PUT {
+            PayloadOps::OverwritePayload(body)
+        } else {
+            PayloadOps::SetPayload(body)
+        };
+        apply(&rest, &name, UpdateOperation::PayloadOperation(op), wait).await
+    })
     .await
 }
 

@@ -82,6 +82,12 @@ impl Answer {
             .unwrap_or_else(|| panic!("not an error envelope: {}", self.text))
     }
 
+    /// Checks a refusal: its status and the message of Qdrant's error envelope.
+    fn refused(&self, status: StatusCode, message: impl AsRef<str>) {
+        assert_eq!(self.status, status, "{}", self.text);
+        assert_eq!(self.error(), message.as_ref());
+    }
+
     /// The result of Qdrant's success envelope, checking the envelope's shape.
     fn result(&self) -> &Value {
         assert_eq!(self.status, StatusCode::OK, "{}", self.text);
@@ -222,8 +228,10 @@ async fn writes_answer_operation_ids_and_wait_decides_completed_or_acknowledged(
         &json!(true)
     );
     let a = s.ask("PUT", "/collections/c", CREATE_4D).await;
-    assert_eq!(a.status, StatusCode::CONFLICT);
-    assert_eq!(a.error(), "Wrong input: Collection `c` already exists!");
+    a.refused(
+        StatusCode::CONFLICT,
+        "Wrong input: Collection `c` already exists!",
+    );
 
     let a = s
         .ask("PUT", "/collections/c/points?wait=true", UPSERT_2)
@@ -250,10 +258,9 @@ async fn writes_answer_operation_ids_and_wait_decides_completed_or_acknowledged(
             r#"{"payload": {"x": 1}}"#,
         )
         .await;
-    assert_eq!(a.status, StatusCode::BAD_REQUEST);
-    assert_eq!(
-        a.error(),
-        "Wrong input: either points or filter is required"
+    a.refused(
+        StatusCode::BAD_REQUEST,
+        "Wrong input: either points or filter is required",
     );
     let a = s
         .ask(
@@ -307,10 +314,9 @@ async fn searches_check_the_vector_and_queries_by_id_need_the_point() {
             r#"{"vector": [1, 0, 0], "limit": 1}"#,
         )
         .await;
-    assert_eq!(a.status, StatusCode::BAD_REQUEST);
-    assert_eq!(
-        a.error(),
-        "Wrong input: Vector dimension error: expected dim: 4, got 3"
+    a.refused(
+        StatusCode::BAD_REQUEST,
+        "Wrong input: Vector dimension error: expected dim: 4, got 3",
     );
     // search answers a bare list; query the same points under "points".
     let a = s
@@ -332,8 +338,7 @@ async fn searches_check_the_vector_and_queries_by_id_need_the_point() {
     let a = s
         .ask("POST", "/collections/c/points/query", r#"{"query": 7}"#)
         .await;
-    assert_eq!(a.status, StatusCode::NOT_FOUND);
-    assert_eq!(a.error(), "Not found: No point with id 7");
+    a.refused(StatusCode::NOT_FOUND, "Not found: No point with id 7");
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -347,10 +352,9 @@ async fn collection_updates_refuse_what_the_engine_cannot_apply_by_name() {
             r#"{"params": {"replication_factor": 2}}"#,
         )
         .await;
-    assert_eq!(a.status, StatusCode::BAD_REQUEST);
-    assert_eq!(
-        a.error(),
-        "Wrong input: updating params is not supported by embedded-qdrant"
+    a.refused(
+        StatusCode::BAD_REQUEST,
+        "Wrong input: updating params is not supported by embedded-qdrant",
     );
     let a = s
         .ask(
@@ -395,8 +399,10 @@ async fn aliases_are_changed_together_and_listed_per_collection() {
             r#"{"actions": [{"delete_alias": {"alias_name": "gone"}}]}"#,
         )
         .await;
-    assert_eq!(a.status, StatusCode::NOT_FOUND);
-    assert_eq!(a.error(), "Not found: Alias `gone` doesn't exist!");
+    a.refused(
+        StatusCode::NOT_FOUND,
+        "Not found: Alias `gone` doesn't exist!",
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]

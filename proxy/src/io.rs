@@ -73,6 +73,8 @@ pub struct Activity {
     /// requests and body data are: a PING or a WINDOW_UPDATE keeps nothing alive.
     bytes_are_progress: bool,
     in_flight: AtomicU32,
+    /// Request bodies not yet read to their end (see [`Activity::body_opened`]).
+    unfinished_bodies: AtomicU32,
     started: AtomicU64,
     cancelled: AtomicU64,
     /// Set once the client has reset too many streams prematurely; wakes the connection's
@@ -91,6 +93,7 @@ impl Activity {
             last_ms: AtomicU64::new(0),
             bytes_are_progress,
             in_flight: AtomicU32::new(0),
+            unfinished_bodies: AtomicU32::new(0),
             started: AtomicU64::new(0),
             cancelled: AtomicU64::new(0),
             flooding: AtomicBool::new(false),
@@ -121,6 +124,24 @@ impl Activity {
             activity: self.clone(),
             completed: false,
         }
+    }
+
+    /// A request came with a body to read; [`Activity::body_finished`] once it was read to
+    /// its end. A body dropped unfinished stays counted: its rest may still be on its way.
+    pub fn body_opened(&self) {
+        self.unfinished_bodies.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A body counted by [`Activity::body_opened`] was read to its end.
+    pub fn body_finished(&self) {
+        self.unfinished_bodies.fetch_sub(1, Ordering::Relaxed);
+    }
+
+    /// No request in flight and every request body read to its end: the connection owes
+    /// the client nothing and expects nothing of the requests it had.
+    pub fn between_requests(&self) -> bool {
+        self.in_flight.load(Ordering::Relaxed) == 0
+            && self.unfinished_bodies.load(Ordering::Relaxed) == 0
     }
 
     /// Requests started on this connection.

@@ -16,8 +16,8 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::config::{HealthCheckConfig, HealthCheckKind, Limits};
-use crate::http::HttpForwarder;
-use crate::io::{Activity, CountingIo, Quiet, QuietLimits};
+use crate::http::{ClientStream, HttpForwarder, NextBytes};
+use crate::io::{Activity, CountingIo, QuietLimits};
 use crate::metrics::ListenerMetrics;
 use crate::switch::SwitchableListener;
 use crate::tls::{self, ListenerTls, Offload};
@@ -188,20 +188,16 @@ async fn handle_connection(
         Mode::Http(forwarder) => {
             let mut tls_stream = tls_stream;
             if !h2 {
-                match first_request_bytes(
-                    &mut tls_stream,
-                    &activity,
-                    forwarder.quiet_limits(),
-                    &shutdown,
-                )
-                .await
+                match tls_stream
+                    .next_bytes(&activity, forwarder.quiet_limits(), &shutdown)
+                    .await
                 {
-                    FirstBytes::Arrived => {}
-                    FirstBytes::Quiet(why) => {
+                    NextBytes::Arrived => {}
+                    NextBytes::Quiet(why) => {
                         m.connection_closed(why.label());
                         return;
                     }
-                    FirstBytes::Draining => return,
+                    NextBytes::Draining => return,
                 }
             }
             if let Err(e) = Box::pin(forwarder.serve(
@@ -337,49 +333,53 @@ fn deadline_passed(ctx: &ListenerCtx, m: &ListenerMetrics, peer: SocketAddr, wha
     );
 }
 
-/// How the wait for an HTTP/1.1 client's first bytes ended.
-enum FirstBytes {
-    Arrived,
-    Quiet(Quiet),
-    Draining,
-}
+/// The client stream of an HTTP listener: TLS over the counted socket, boxed (see
+/// [`handshake`]).
+impl ClientStream for Box<TlsStream<CountingIo<TcpStream>>> {
+    fn all_sent(&self) -> bool {
+        !self.get_ref().1.wants_write()
+    }
 
-/// Waits until an HTTP/1.1 client has sent something after the handshake, at most the
-/// first-request timeout. Until then the connection holds no HTTP state: hyper allocates
-/// its 8 KiB read buffer as soon as it is polled, which was a third of an idle
-/// connection's memory (nginx too allocates its buffer only when data arrives).
-async fn first_request_bytes(
-    stream: &mut TlsStream<CountingIo<TcpStream>>,
-    activity: &Activity,
-    limits: &QuietLimits,
-    shutdown: &CancellationToken,
-) -> FirstBytes {
-    let (io, conn) = stream.get_mut();
-    // The request may have come with the client's Finished and already sit in rustls, or
-    // in the socket's read-ahead.
-    if io.has_buffered() {
-        return FirstBytes::Arrived;
-    }
-    match conn.process_new_packets() {
-        Ok(state) if state.plaintext_bytes_to_read() == 0 && !state.peer_has_closed() => {}
-        // Data, a close or an error: hyper's first read sees it.
-        _ => return FirstBytes::Arrived,
-    }
-    let tcp = io.get_ref();
-    // Usually the request is already in the socket: one peek says so without the round trip
-    // through the reactor that waiting for readiness would cost.
-    let mut probe = [std::mem::MaybeUninit::<u8>::uninit(); 1];
-    match socket2::SockRef::from(tcp).peek(&mut probe) {
-        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
-        // Data, end of stream or an error: hyper's first read sees it.
-        _ => return FirstBytes::Arrived,
-    }
-    // Nothing yet: the client may be waiting for the ACK of its Finished.
-    acknowledge_finished(tcp);
-    tokio::select! {
-        _ = tcp.readable() => FirstBytes::Arrived,
-        why = activity.wait_quiet(limits) => FirstBytes::Quiet(why),
-        _ = shutdown.cancelled() => FirstBytes::Draining,
+    /// Waits for an HTTP/1.1 client's next bytes, at most the quiet limit that applies (the
+    /// first-request timeout, then the idle timeout). Until they come the connection holds
+    /// no HTTP state: hyper allocates its 8 KiB read buffer as soon as it is polled, which
+    /// was a third of an idle connection's memory (nginx too allocates its buffers only
+    /// when data arrives).
+    async fn next_bytes(
+        &mut self,
+        activity: &Activity,
+        limits: &QuietLimits,
+        shutdown: &CancellationToken,
+    ) -> NextBytes {
+        let (io, conn) = self.get_mut();
+        // The request may have come with the client's Finished and already sit in rustls,
+        // or in the socket's read-ahead.
+        if io.has_buffered() {
+            return NextBytes::Arrived;
+        }
+        match conn.process_new_packets() {
+            Ok(state) if state.plaintext_bytes_to_read() == 0 && !state.peer_has_closed() => {}
+            // Data, a close or an error: hyper's first read sees it.
+            _ => return NextBytes::Arrived,
+        }
+        let tcp = io.get_ref();
+        // Usually the request is already in the socket: one peek says so without the round
+        // trip through the reactor that waiting for readiness would cost.
+        let mut probe = [std::mem::MaybeUninit::<u8>::uninit(); 1];
+        match socket2::SockRef::from(tcp).peek(&mut probe) {
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            // Data, end of stream or an error: hyper's first read sees it.
+            _ => return NextBytes::Arrived,
+        }
+        // Nothing yet: a new client may be waiting for the ACK of its Finished.
+        if activity.requests_started() == 0 {
+            acknowledge_finished(tcp);
+        }
+        tokio::select! {
+            _ = tcp.readable() => NextBytes::Arrived,
+            why = activity.wait_quiet(limits) => NextBytes::Quiet(why),
+            _ = shutdown.cancelled() => NextBytes::Draining,
+        }
     }
 }
 

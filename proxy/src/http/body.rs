@@ -38,6 +38,9 @@ pub struct CappedBody {
     counted: Option<Arc<AtomicU64>>,
     /// Drain the client's stream if it is dropped unfinished (HTTP/2 clients).
     drain_when_abandoned: bool,
+    /// The client's stream is counted as unfinished on `activity` (see
+    /// [`Activity::body_opened`]) until this body reads its end.
+    counted_open: bool,
 }
 
 /// Where a [`CappedBody`] reads from.
@@ -68,6 +71,7 @@ impl CappedBody {
     /// Caps `inner` at `max` bytes; each frame counts as progress on `activity`.
     pub fn new(inner: Incoming, max: u64, activity: Arc<Activity>) -> Self {
         Self {
+            counted_open: !inner.is_end_stream(),
             inner: Source::Owned(inner),
             remaining: max,
             activity,
@@ -104,8 +108,10 @@ impl CappedBody {
 
     /// As [`CappedBody::new`], and a handle that gets `inner` back if it was never read.
     pub fn returnable(inner: Incoming, max: u64, activity: Arc<Activity>) -> (Self, BodyReturn) {
+        let counted_open = !inner.is_end_stream();
         let cell = Arc::new(Mutex::new(Some(inner)));
         let body = Self {
+            counted_open,
             inner: Source::Returnable {
                 cell: cell.clone(),
                 taken: None,
@@ -213,7 +219,17 @@ impl Body for CappedBody {
             }
             Source::Gone => return Poll::Ready(None),
         };
-        match Pin::new(inner).poll_frame(cx) {
+        let polled = Pin::new(&mut *inner).poll_frame(cx);
+        let ended = match &polled {
+            Poll::Ready(None) => true,
+            Poll::Ready(Some(Ok(_))) => inner.is_end_stream(),
+            _ => false,
+        };
+        if ended && self.counted_open {
+            self.counted_open = false;
+            self.activity.body_finished();
+        }
+        match polled {
             Poll::Ready(Some(Ok(frame))) => {
                 if let Some(data) = frame.data_ref() {
                     let n = data.len() as u64;

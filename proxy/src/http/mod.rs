@@ -6,6 +6,7 @@
 //! drain) and its reset budget, the upstream's request cap, and the request buffer budget
 //! (see `budget`). It knows nothing of TLS providers: it is handed a decrypted stream.
 
+mod aside;
 mod body;
 mod budget;
 pub(crate) mod calm;
@@ -19,6 +20,7 @@ use std::pin::{pin, Pin};
 use std::sync::Arc;
 use std::time::Duration;
 
+use bytes::Bytes;
 use http::header::{self, HeaderValue};
 use http::{Request, Response};
 use hyper::body::Incoming;
@@ -27,7 +29,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulConnection;
-use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::io::AsyncWriteExt;
 use tokio::sync::Semaphore;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -39,6 +41,8 @@ use crate::metrics::ListenerMetrics;
 use crate::trust::TrustedProxies;
 use crate::upstream::{UpstreamConnector, UpstreamPool};
 
+use aside::SetAside;
+pub use aside::{ClientStream, NextBytes};
 pub use body::{BodyReturn, CappedBody, RequestBodyError, ResponseBody, UpstreamSlot};
 pub use budget::{BufferBudget, WindowGrant};
 pub(crate) use head::{connection_named, rewrite_head};
@@ -52,6 +56,8 @@ const H2_STREAM_WINDOW: u32 = 4 * 1024 * 1024;
 pub const H2_CONNECTION_WINDOW: u32 = 16 * 1024 * 1024;
 /// `Strict-Transport-Security` for listeners with `security_headers` (the usual one year).
 const HSTS_ONE_YEAR: &str = "max-age=31536000";
+/// An idle HTTP/1.1 client set aside gets this long to take its close_notify.
+const CLOSE_TIMEOUT: Duration = Duration::from_secs(1);
 /// A connection that cancelled too many streams gets its GOAWAY and this long to read it.
 const RESET_FLOOD_DRAIN: Duration = Duration::from_secs(1);
 /// Idle upstream connections kept per upstream: one per client connection in flight at a
@@ -186,7 +192,7 @@ impl HttpForwarder {
         shutdown: CancellationToken,
     ) -> Result<(), hyper::Error>
     where
-        IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+        IO: ClientStream,
     {
         let svc = ForwardService {
             forwarder: self.clone(),
@@ -208,43 +214,153 @@ impl HttpForwarder {
             }),
         };
         let limits = &self.limits;
+        // One deadline for the connection's life, however many hyper connections serve it.
+        let max_age = limits.max_connection_age.map(|age| Instant::now() + age);
+        // Each protocol's state in an allocation of its own, sized for it: inline, an
+        // HTTP/1.1 connection waiting between requests would carry the size of an h2
+        // connection's state as well.
         if h2 {
-            let io = TokioIo::new(calm::CalmIo::new(
-                io,
-                activity.clone(),
-                limits.h2_max_reset_streams,
-            ));
-            // Held for the connection's life: its window is reserved from the budget.
-            let grant = self.budget.grant_h2_window();
-            let window = grant.connection_window();
-            let conn = http2::Builder::new(TokioExecutor::new())
-                .timer(TokioTimer::new())
-                .max_concurrent_streams(limits.h2_max_concurrent_streams)
-                .max_header_list_size(limits.max_header_bytes as u32)
-                .initial_stream_window_size(H2_STREAM_WINDOW.min(window))
-                .initial_connection_window_size(window)
-                .max_frame_size(grant.max_frame_size())
-                .keep_alive_interval(limits.h2_keepalive_interval)
-                .keep_alive_timeout(limits.h2_keepalive_timeout)
-                .serve_connection(io, svc);
-            let result = self.drive(conn, &activity, shutdown).await;
-            drop(grant);
-            result
+            Box::pin(self.serve_h2(io, svc, &activity, max_age, shutdown)).await
         } else {
-            let io = TokioIo::new(io);
-            // Held for the connection's life, as an HTTP/2 window is.
-            let grant = self.budget.grant_h1_read();
-            let conn = http1::Builder::new()
-                .timer(TokioTimer::new())
-                .header_read_timeout(limits.header_read_timeout)
-                .max_buf_size(grant.max_buf_size())
-                // The read buffer may now exceed the head limit: hyper refuses a larger
-                // head itself (`forward` checks the exact limit on every request too).
-                .max_header_size(limits.max_header_bytes)
-                .serve_connection(io, svc);
-            let result = self.drive(conn, &activity, shutdown).await;
-            drop(grant);
-            result
+            Box::pin(self.serve_http1(io, svc, &activity, max_age, shutdown)).await
+        }
+    }
+
+    /// Serves an h2 client until it closes or a deadline or the drain closes it.
+    async fn serve_h2<IO: ClientStream>(
+        &self,
+        io: IO,
+        svc: ForwardService,
+        activity: &Arc<Activity>,
+        max_age: Option<Instant>,
+        shutdown: CancellationToken,
+    ) -> Result<(), hyper::Error> {
+        let limits = &self.limits;
+        let io = TokioIo::new(calm::CalmIo::new(
+            io,
+            activity.clone(),
+            limits.h2_max_reset_streams,
+        ));
+        // Held for the connection's life: its window is reserved from the budget.
+        let grant = self.budget.grant_h2_window();
+        let window = grant.connection_window();
+        let conn = http2::Builder::new(TokioExecutor::new())
+            .timer(TokioTimer::new())
+            .max_concurrent_streams(limits.h2_max_concurrent_streams)
+            .max_header_list_size(limits.max_header_bytes as u32)
+            .initial_stream_window_size(H2_STREAM_WINDOW.min(window))
+            .initial_connection_window_size(window)
+            .max_frame_size(grant.max_frame_size())
+            .keep_alive_interval(limits.h2_keepalive_interval)
+            .keep_alive_timeout(limits.h2_keepalive_timeout)
+            .serve_connection(io, svc);
+        let result = self.drive(pin!(conn), activity, max_age, shutdown).await;
+        drop(grant);
+        result.map(|_| ())
+    }
+
+    /// Serves an HTTP/1.1 client: a hyper connection while requests come, the stream alone
+    /// while the client is quiet between them (see `aside`), until it closes, stays quiet
+    /// past its limit, reaches its maximum age, or the proxy drains.
+    async fn serve_http1<IO: ClientStream>(
+        &self,
+        mut io: IO,
+        mut svc: ForwardService,
+        activity: &Arc<Activity>,
+        max_age: Option<Instant>,
+        shutdown: CancellationToken,
+    ) -> Result<(), hyper::Error> {
+        let mut unread = Bytes::new();
+        loop {
+            match Box::pin(self.serve_until_quiet(io, unread, svc, activity, max_age, &shutdown))
+                .await
+            {
+                Http1Turn::Over(result) => return result,
+                Http1Turn::SetAside(stream, rest, service) => {
+                    (io, unread, svc) = (stream, rest, service);
+                }
+            }
+            if !unread.is_empty() {
+                continue;
+            }
+            let age = async {
+                match max_age {
+                    Some(at) => tokio::time::sleep_until(at).await,
+                    None => std::future::pending().await,
+                }
+            };
+            let close = tokio::select! {
+                next = io.next_bytes(activity, &self.quiet, &shutdown) => match next {
+                    NextBytes::Arrived => continue,
+                    NextBytes::Quiet(why) => Some(why.label()),
+                    NextBytes::Draining => None,
+                },
+                _ = age => Some("max_age"),
+            };
+            if let Some(reason) = close {
+                self.metrics.connection_closed(reason);
+            }
+            // close_notify and FIN, as hyper's shutdown would have sent them; a client that
+            // reads nothing does not hold the task.
+            let _ = tokio::time::timeout(CLOSE_TIMEOUT, io.shutdown()).await;
+            return Ok(());
+        }
+    }
+
+    /// One hyper connection over an HTTP/1.1 client's stream (`unread` read first), until
+    /// it is set aside or over. Its own function, boxed by the caller, so that everything
+    /// it allocated (the connection, hyper's buffers, the drive's timers) is gone before
+    /// the wait for the client's next bytes.
+    async fn serve_until_quiet<IO: ClientStream>(
+        &self,
+        io: IO,
+        unread: Bytes,
+        svc: ForwardService,
+        activity: &Arc<Activity>,
+        max_age: Option<Instant>,
+        shutdown: &CancellationToken,
+    ) -> Http1Turn<IO> {
+        let limits = &self.limits;
+        // Held while hyper serves: a connection set aside holds no read buffer.
+        let grant = self.budget.grant_h1_read();
+        let mut conn = http1::Builder::new()
+            .timer(TokioTimer::new())
+            .header_read_timeout(limits.header_read_timeout)
+            .max_buf_size(grant.max_buf_size())
+            // The read buffer may now exceed the head limit: hyper refuses a larger head
+            // itself (`forward` checks the exact limit on every request too).
+            .max_header_size(limits.max_header_bytes)
+            .serve_connection(
+                TokioIo::new(SetAside::new(io, unread, activity.clone())),
+                svc,
+            );
+        let result = self
+            .drive(Pin::new(&mut conn), activity, max_age, shutdown.clone())
+            .await;
+        let parts = conn.into_parts();
+        let (mut stream, set_aside) = parts.io.into_inner().into_inner();
+        match result {
+            // The client went quiet between requests, or stopped partway through a request
+            // head (hyper calls that an incomplete message): its stream waits for more, with
+            // what hyper had read of the head. A copy: hyper's read buffer (8 KiB and more)
+            // is what the wait must not hold, and `read_buf` shares it, even empty.
+            Ok(Ended::Finished) if set_aside => Http1Turn::SetAside(
+                stream,
+                Bytes::copy_from_slice(&parts.read_buf),
+                parts.service,
+            ),
+            Err(e) if set_aside && e.is_incomplete_message() => Http1Turn::SetAside(
+                stream,
+                Bytes::copy_from_slice(&parts.read_buf),
+                parts.service,
+            ),
+            other => {
+                if set_aside {
+                    // Set aside as a deadline closed it: hyper's shutdown was declined.
+                    let _ = tokio::time::timeout(CLOSE_TIMEOUT, stream.shutdown()).await;
+                }
+                Http1Turn::Over(other.map(|_| ()))
+            }
         }
     }
 
@@ -252,21 +368,21 @@ impl HttpForwarder {
     /// too long (see [`Quiet`]), reaches its maximum age, cancels too many streams, or the
     /// proxy drains, it is asked to close gracefully (HTTP/2 GOAWAY; HTTP/1.1 after the
     /// response in flight); one that has not closed after the drain timeout, or that
-    /// stalled, is closed hard by dropping it.
+    /// stalled, is closed hard ([`Ended::Cut`]: the caller drops it).
     async fn drive<C>(
         &self,
-        conn: C,
+        mut conn: Pin<&mut C>,
         activity: &Activity,
+        max_age: Option<Instant>,
         shutdown: CancellationToken,
-    ) -> Result<(), hyper::Error>
+    ) -> Result<Ended, hyper::Error>
     where
         C: GracefulConnection<Error = hyper::Error>,
     {
         let limits = &self.limits;
-        let mut conn = pin!(conn);
         let max_age = async {
-            match limits.max_connection_age {
-                Some(age) => tokio::time::sleep(age).await,
+            match max_age {
+                Some(at) => tokio::time::sleep_until(at).await,
                 None => std::future::pending().await,
             }
         };
@@ -289,7 +405,7 @@ impl HttpForwarder {
                             "client reset a burst of streams before they were accepted (rapid reset): h2 closed its connection"
                         );
                     }
-                    return res;
+                    return res.map(|()| if closing { Ended::Closed } else { Ended::Finished });
                 }
                 _ = shutdown.cancelled(), if !closing => {
                     // The process's shutdown grace bounds this drain.
@@ -301,7 +417,7 @@ impl HttpForwarder {
                     if quiet == Quiet::Stalled {
                         // Nothing can be delivered to this client: no point in a GOAWAY.
                         self.metrics.connection_closed(quiet.label());
-                        return Ok(());
+                        return Ok(Ended::Cut);
                     }
                     (quiet.label(), limits.drain_timeout)
                 }
@@ -319,7 +435,7 @@ impl HttpForwarder {
                 }
                 _ = &mut drain, if draining => {
                     self.metrics.connection_closed("drain_deadline");
-                    return Ok(());
+                    return Ok(Ended::Cut);
                 }
             };
             self.metrics.connection_closed(reason);
@@ -405,9 +521,33 @@ impl hyper::service::Service<Request<Incoming>> for ForwardService {
         // Started here, so a stream the client resets while the upstream is still working
         // (hyper drops this future) counts as cancelled, and the upstream request with it.
         let request = self.activity.request_started();
+        if !http_body::Body::is_end_stream(req.body()) {
+            // Until it is read to its end (`CappedBody`), an HTTP/1.1 connection is not
+            // set aside: hyper may still read the rest.
+            self.activity.body_opened();
+        }
         let this = self.clone();
         Box::pin(async move { Ok(this.forwarder.forward(req, &this, request).await) })
     }
+}
+
+/// How one hyper connection over an HTTP/1.1 client's stream ended.
+enum Http1Turn<IO> {
+    /// Set aside: the stream, what hyper had read of a next head, the service.
+    SetAside(IO, Bytes, ForwardService),
+    /// The client's connection is over.
+    Over(Result<(), hyper::Error>),
+}
+
+/// How [`HttpForwarder::drive`] left a hyper connection.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Ended {
+    /// It ended by itself: the client closed, or went quiet and was set aside.
+    Finished,
+    /// It closed after being asked to (a deadline, the drain).
+    Closed,
+    /// It was cut off: its stream must not be used again.
+    Cut,
 }
 
 /// Whether hyper's connection ended because h2 sent GOAWAY ENHANCE_YOUR_CALM itself.

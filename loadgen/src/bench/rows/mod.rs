@@ -153,8 +153,15 @@ pub fn registered(plan: &BenchPlan) -> Vec<Box<dyn RowSet>> {
             Part::Upsert => sets.push(Box::new(upsert::UpsertOnNewConnection::new(plan))),
             Part::Bulk => sets.push(Box::new(bulk::KeepAliveBulk::new())),
             Part::Idle => {
+                use idle::{IdleProtocol, IdleState};
                 for &client in &plan.idle_clients {
-                    sets.push(Box::new(idle::Idle::new(client, &plan.idle)));
+                    for protocol in [IdleProtocol::Http1, IdleProtocol::H2] {
+                        for state in [IdleState::Fresh, IdleState::AfterRequest] {
+                            sets.push(Box::new(idle::Idle::new(
+                                client, protocol, state, &plan.idle,
+                            )));
+                        }
+                    }
                 }
             }
             Part::FirstResponse => sets.push(Box::new(first_response::FirstResponse::default())),

@@ -334,7 +334,7 @@ fn deadline_passed(ctx: &ListenerCtx, m: &ListenerMetrics, peer: SocketAddr, wha
 }
 
 /// The client stream of an HTTP listener: TLS over the counted socket, boxed (see
-/// [`handshake`]).
+/// `handshake`).
 impl ClientStream for Box<TlsStream<CountingIo<TcpStream>>> {
     fn all_sent(&self) -> bool {
         !self.get_ref().1.wants_write()

@@ -100,13 +100,13 @@ fn bench_measures_every_row_for_the_proxy_and_both_peers() {
         ]
     );
     let all_rows = json["rows"].as_array().unwrap();
-    // 4 handshake rows, 2 new-connection upserts and 3 bulk with their kernel shares, 2 x 8
+    // 4 handshake rows, 2 new-connection upserts and 3 bulk with their kernel shares, 16
     // idle per client (rustls, OpenSSL: HTTP/1.1 and h2, each before any request and after
-    // one, per connection and in all), first response, 2 latency; then 2 x 3 rows of
-    // upserts into embedded-qdrant (JSON and gRPC: the total, the terminator's part, the
-    // rate).
-    assert_eq!(all_rows.len(), 43, "{all_rows:#?}");
-    let (rows, into_database) = all_rows.split_at(37);
+    // one, at 20 and 40 open, per connection and in all), first response, 2 latency; then
+    // 2 x 3 rows of upserts into embedded-qdrant (JSON and gRPC: the total, the
+    // terminator's part, the rate).
+    assert_eq!(all_rows.len(), 55, "{all_rows:#?}");
+    let (rows, into_database) = all_rows.split_at(49);
     in_process_rows_compare_the_database_own_tls(into_database, &columns);
     let names: Vec<&str> = rows.iter().map(|r| r["name"].as_str().unwrap()).collect();
     for name in [

@@ -29,16 +29,7 @@ async fn read_response(tls: &mut TlsStream<TcpStream>, pending: &mut Vec<u8>) ->
         if let Some(i) = pending.windows(4).position(|w| w == b"\r\n\r\n") {
             break i + 4;
         }
-        let mut chunk = [0u8; 4096];
-        let n = tokio::time::timeout(WAIT, tls.read(&mut chunk))
-            .await
-            .expect("a response within the wait")
-            .expect("read");
-        assert!(
-            n > 0,
-            "the connection closed before a response: {pending:?}"
-        );
-        pending.extend_from_slice(&chunk[..n]);
+        read_more(tls, pending).await;
     };
     let head = String::from_utf8_lossy(&pending[..head_end]).into_owned();
     let length: usize = head
@@ -50,17 +41,25 @@ async fn read_response(tls: &mut TlsStream<TcpStream>, pending: &mut Vec<u8>) ->
         })
         .expect("a Content-Length");
     while pending.len() < head_end + length {
-        let mut chunk = [0u8; 4096];
-        let n = tokio::time::timeout(WAIT, tls.read(&mut chunk))
-            .await
-            .expect("the body within the wait")
-            .expect("read");
-        assert!(n > 0, "the connection closed inside a body");
-        pending.extend_from_slice(&chunk[..n]);
+        read_more(tls, pending).await;
     }
     let body = String::from_utf8_lossy(&pending[head_end..head_end + length]).into_owned();
     pending.drain(..head_end + length);
     (head.lines().next().unwrap_or_default().to_owned(), body)
+}
+
+/// Appends what the next read brings; the connection must not close before a whole answer.
+async fn read_more(tls: &mut TlsStream<TcpStream>, pending: &mut Vec<u8>) {
+    let mut chunk = [0u8; 4096];
+    let n = tokio::time::timeout(WAIT, tls.read(&mut chunk))
+        .await
+        .expect("the answer within the wait")
+        .expect("read");
+    assert!(
+        n > 0,
+        "the connection closed before a whole answer: {pending:?}"
+    );
+    pending.extend_from_slice(&chunk[..n]);
 }
 
 fn body_len(echo: &str) -> u64 {

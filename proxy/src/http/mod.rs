@@ -283,19 +283,13 @@ impl HttpForwarder {
             if !unread.is_empty() {
                 continue;
             }
-            let age = async {
-                match max_age {
-                    Some(at) => tokio::time::sleep_until(at).await,
-                    None => std::future::pending().await,
-                }
-            };
             let close = tokio::select! {
                 next = io.next_bytes(activity, &self.quiet, &shutdown) => match next {
                     NextBytes::Arrived => continue,
                     NextBytes::Quiet(why) => Some(why.label()),
                     NextBytes::Draining => None,
                 },
-                _ = age => Some("max_age"),
+                _ = sleep_until_if(max_age) => Some("max_age"),
             };
             if let Some(reason) = close {
                 self.metrics.connection_closed(reason);
@@ -339,36 +333,35 @@ impl HttpForwarder {
             .await;
         let parts = conn.into_parts();
         let (mut stream, set_aside) = parts.io.into_inner().into_inner();
-        match result {
-            // The client went quiet between requests, or stopped partway through a request
-            // head (hyper calls that an incomplete message): its stream waits for more, with
-            // what hyper had read of the head. A copy: hyper's read buffer (8 KiB and more)
-            // is what the wait must not hold, and `read_buf` shares it, even empty.
-            Ok(Ended::Finished) if set_aside => Http1Turn::SetAside(
+        // The client went quiet between requests, or stopped partway through a request head
+        // (hyper calls that an incomplete message): its stream waits for more, with what
+        // hyper had read of the head.
+        let waits = set_aside
+            && match &result {
+                Ok(ended) => *ended == Ended::Finished,
+                Err(e) => e.is_incomplete_message(),
+            };
+        if waits {
+            // A copy: hyper's read buffer (8 KiB and more) is what the wait must not hold,
+            // and `read_buf` shares it, even empty.
+            return Http1Turn::SetAside(
                 stream,
                 Bytes::copy_from_slice(&parts.read_buf),
                 parts.service,
-            ),
-            Err(e) if set_aside && e.is_incomplete_message() => Http1Turn::SetAside(
-                stream,
-                Bytes::copy_from_slice(&parts.read_buf),
-                parts.service,
-            ),
-            other => {
-                if set_aside {
-                    // Set aside as a deadline closed it: hyper's shutdown was declined.
-                    let _ = tokio::time::timeout(CLOSE_TIMEOUT, stream.shutdown()).await;
-                }
-                Http1Turn::Over(other.map(|_| ()))
-            }
+            );
         }
+        if set_aside {
+            // Set aside as a deadline closed it: hyper's shutdown was declined.
+            let _ = tokio::time::timeout(CLOSE_TIMEOUT, stream.shutdown()).await;
+        }
+        Http1Turn::Over(result.map(|_| ()))
     }
 
     /// Runs a hyper connection to its end, enforcing its deadlines: when it has been quiet
     /// too long (see [`Quiet`]), reaches its maximum age, cancels too many streams, or the
     /// proxy drains, it is asked to close gracefully (HTTP/2 GOAWAY; HTTP/1.1 after the
     /// response in flight); one that has not closed after the drain timeout, or that
-    /// stalled, is closed hard ([`Ended::Cut`]: the caller drops it).
+    /// stalled, is closed hard (the caller drops it).
     async fn drive<C>(
         &self,
         mut conn: Pin<&mut C>,
@@ -380,13 +373,7 @@ impl HttpForwarder {
         C: GracefulConnection<Error = hyper::Error>,
     {
         let limits = &self.limits;
-        let max_age = async {
-            match max_age {
-                Some(at) => tokio::time::sleep_until(at).await,
-                None => std::future::pending().await,
-            }
-        };
-        let mut max_age = pin!(max_age);
+        let mut max_age = pin!(sleep_until_if(max_age));
         let drain = tokio::time::sleep(Duration::MAX / 4);
         let mut drain = pin!(drain);
         let mut closing = false;
@@ -417,7 +404,7 @@ impl HttpForwarder {
                     if quiet == Quiet::Stalled {
                         // Nothing can be delivered to this client: no point in a GOAWAY.
                         self.metrics.connection_closed(quiet.label());
-                        return Ok(Ended::Cut);
+                        return Ok(Ended::Closed);
                     }
                     (quiet.label(), limits.drain_timeout)
                 }
@@ -435,7 +422,7 @@ impl HttpForwarder {
                 }
                 _ = &mut drain, if draining => {
                     self.metrics.connection_closed("drain_deadline");
-                    return Ok(Ended::Cut);
+                    return Ok(Ended::Closed);
                 }
             };
             self.metrics.connection_closed(reason);
@@ -544,10 +531,16 @@ enum Http1Turn<IO> {
 enum Ended {
     /// It ended by itself: the client closed, or went quiet and was set aside.
     Finished,
-    /// It closed after being asked to (a deadline, the drain).
+    /// It was closed: after being asked to (a deadline, the drain), or cut off.
     Closed,
-    /// It was cut off: its stream must not be used again.
-    Cut,
+}
+
+/// Sleeps until `at`, or forever without one.
+async fn sleep_until_if(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
 }
 
 /// Whether hyper's connection ended because h2 sent GOAWAY ENHANCE_YOUR_CALM itself.

@@ -33,6 +33,8 @@ fn bench_measures_every_row_for_the_proxy_and_both_peers() {
             "5",
             "--first-response-connections",
             "3",
+            "--instruction-units",
+            "3",
             "--proxy-bin",
             binary("proxy").to_str().unwrap(),
             "--upstream-bin",
@@ -100,13 +102,14 @@ fn bench_measures_every_row_for_the_proxy_and_both_peers() {
         ]
     );
     let all_rows = json["rows"].as_array().unwrap();
-    // 4 handshake rows, 2 new-connection upserts and 3 bulk with their kernel shares, 16
-    // idle per client (rustls, OpenSSL: HTTP/1.1 and h2, each before any request and after
-    // one, at 20 and 40 open, per connection and in all), first response, 2 latency; then
-    // 2 x 3 rows of upserts into embedded-qdrant (JSON and gRPC: the total, the
-    // terminator's part, the rate).
-    assert_eq!(all_rows.len(), 55, "{all_rows:#?}");
-    let (rows, into_database) = all_rows.split_at(49);
+    // 4 handshake rows, 2 new-connection upserts and 3 bulk with their kernel shares, the
+    // same 6 driven by ab and h2load with theirs, 16 idle per client (rustls, OpenSSL:
+    // HTTP/1.1 and h2, each before any request and after one, at 20 and 40 open, per
+    // connection and in all), first response, 2 latency, 6 instruction counts; then 2 x 3
+    // rows of upserts into embedded-qdrant (JSON and gRPC: the total, the terminator's
+    // part, the rate).
+    assert_eq!(all_rows.len(), 73, "{all_rows:#?}");
+    let (rows, into_database) = all_rows.split_at(67);
     in_process_rows_compare_the_database_own_tls(into_database, &columns);
     let names: Vec<&str> = rows.iter().map(|r| r["name"].as_str().unwrap()).collect();
     for name in [
@@ -117,6 +120,13 @@ fn bench_measures_every_row_for_the_proxy_and_both_peers() {
         "RSS per idle TLS connection, 40 open, rustls client, h2",
         "RSS per idle TLS connection, 40 open, OpenSSL client, after one HTTP/1.1 request",
         "RSS per idle TLS connection, 40 open, OpenSSL client, after one h2 request",
+        "new TLS connection + tiny GET, ecdsa-p256, ab",
+        "new TLS connection + one 800 KB JSON upsert, HTTP/1.0, ecdsa-p256, ab",
+        "new TLS connection + one 416 KB gRPC upsert, h2, ecdsa-p256, h2load",
+        "keep-alive 763 KB JSON, HTTP/1.1 client -> HTTP/1.1 upstream, h2load --h1",
+        "keep-alive 416 KB gRPC, h2 -> h2c upstream, h2load",
+        "instructions, new TLS connection + tiny GET, ecdsa-p256",
+        "instructions, keep-alive 416 KB gRPC, h2 -> h2c",
     ] {
         assert!(names.contains(&name), "{name} missing: {names:#?}");
     }
@@ -134,6 +144,24 @@ fn bench_measures_every_row_for_the_proxy_and_both_peers() {
             if rustls_only && !column.starts_with("proxy aws-lc-rs") {
                 assert_eq!(figure["reason"], "not rustls", "{name} / {column}");
                 continue;
+            }
+            // Instructions are counted for the proxy with one worker only, under callgrind.
+            if name.starts_with("instructions") && *column != "proxy aws-lc-rs" {
+                assert_eq!(
+                    figure["reason"], "instructions: the proxy with one worker only",
+                    "{name} / {column}"
+                );
+                continue;
+            }
+            // The tools' rows count what the tool itself reported.
+            if name.ends_with(", ab") || name.contains(", h2load") {
+                let work = row["work"][column].as_str().unwrap_or_default();
+                let tool = if name.ends_with(", ab") {
+                    "(ab)"
+                } else {
+                    "(h2load)"
+                };
+                assert!(work.ends_with(tool), "{name} / {column}: {work}");
             }
             let value = figure
                 .as_f64()

@@ -56,6 +56,12 @@ pub fn render(result: &BenchResult) -> String {
              the client's socket at once"
         ));
     }
+    if let Some(tools) = result.settings["tools"].as_str() {
+        notes.push(format!("the rows ending in ab or h2load: {tools}"));
+    }
+    if let Some(instructions) = result.settings["instructions"].as_str() {
+        notes.push(format!("the instruction rows: {instructions}"));
+    }
     if let Some(in_process) = result.settings["in_process"].as_str() {
         notes.push(format!("the rows into embedded-qdrant: {in_process}"));
     }
@@ -79,7 +85,10 @@ pub fn render(result: &BenchResult) -> String {
                 }
                 Some(Figure::Missing { reason }) => {
                     let note = format!("{c}: {reason}");
-                    if reason != rows::handshake::NOT_RUSTLS && !notes.contains(&note) {
+                    if reason != rows::handshake::NOT_RUSTLS
+                        && reason != rows::instructions::PROXY_ONLY
+                        && !notes.contains(&note)
+                    {
                         notes.push(note);
                     }
                     out.push_str(" - |");

@@ -449,7 +449,7 @@ fn column_specs(plan: &BenchPlan) -> Vec<ColumnSpec> {
     for &setup in &plan.setups {
         for p in &plan.providers {
             specs.push(ColumnSpec {
-                label: format!("proxy {}{}", p.as_str(), setup.suffix()),
+                label: proxy_label(*p, setup),
                 setup,
                 which: Which::Ours(*p),
             });
@@ -463,6 +463,11 @@ fn column_specs(plan: &BenchPlan) -> Vec<ColumnSpec> {
         }
     }
     specs
+}
+
+/// The column of our proxy with `provider` in `setup`.
+pub(crate) fn proxy_label(provider: ProviderName, setup: Setup) -> String {
+    format!("proxy {}{}", provider.as_str(), setup.suffix())
 }
 
 /// What the bench pinned and how it ran, as bench.json records it.
@@ -489,6 +494,20 @@ fn settings_record(
         "cpu": "user+system of the terminator's process tree from /proc",
         "tcp_metrics_cache": tcp_metrics_cache,
         "client_congestion_control": client_congestion_control,
+        "tools": plan.parts.contains(&Part::Tools).then(|| format!(
+            "driven by those tools (Debian's apache2-utils and nghttp2-client: OpenSSL clients, TLS 1.3, \
+             the host's TCP congestion control, {}), not by the bench's client; ab speaks HTTP/1.0 \
+             and closes after each answer, h2load sends 16 KiB DATA frames; h2load has no connection per \
+             request, so its new-connection row runs `h2load -c N -n N` (N = --concurrency) over and over",
+            crate::client::host_congestion_control()
+        )),
+        "instructions": plan.parts.contains(&Part::Instructions).then(|| format!(
+            "thousands of the proxy's user-space instructions per unit, counted by valgrind's callgrind \
+             (`callgrind_control --zero`, then --dump around a fixed number of units sent one at a time \
+             by the bench's client: {}), one worker; they compare builds of the proxy, not terminators \
+             (peers not counted); a `rep movsb` copy counts one instruction per byte",
+            plan.instruction_units.map_or_else(|| "100 tiny GETs (20 with RSA-4096), 20 upserts, 40 keep-alive requests".to_owned(), |n| format!("{n} per row"))
+        )),
         "in_process": plan.parts.contains(&Part::InProcess).then_some(
             "each terminator of each set-up in front of embedded-qdrant in plaintext, and (with the \
              defaults set-up) embedded-qdrant terminating TLS itself (rustls with ring); CPU of terminator \
@@ -535,6 +554,7 @@ impl ColumnSpec {
                     Setup::Defaults => 0,
                 },
                 &ctx.plan.proxy_args,
+                &[],
             ),
             Which::Peer(p, Ok(bin)) => terminators::start_peer(
                 *p,

@@ -26,12 +26,20 @@ pub enum Part {
     Upsert,
     /// Keep-alive uploads: h2 and HTTP/1.1 JSON to an HTTP/1.1 upstream, gRPC to h2c.
     Bulk,
+    /// The new-connection and bulk rows again, driven by users' load tools: ab (tiny GET and
+    /// JSON upsert on new connections) and h2load (gRPC upsert on new connections, keep-alive
+    /// bulk over h2, HTTP/1.1 and gRPC).
+    Tools,
     /// Resident memory per idle TLS connection.
     Idle,
     /// First response after the handshake from a client without TCP_NODELAY.
     FirstResponse,
     /// Mean time of one 800 KB h2 request at concurrency 1, against the direct path.
     Latency,
+    /// The proxy's instructions per unit of work (a new connection with a tiny GET, a new
+    /// connection with an upsert, a keep-alive MB), counted by valgrind's callgrind: each of
+    /// our providers with one worker, the peers not counted.
+    Instructions,
     /// A new TLS connection carrying one UPSERT_100 into a real database (embedded-qdrant):
     /// each terminator at its defaults in front of it in plaintext, beside the database
     /// terminating TLS itself (rustls with ring, as Qdrant's `service.enable_tls`); CPU of
@@ -84,7 +92,7 @@ pub struct BenchArgs {
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "handshake,upsert,bulk,idle,first-response,latency,in-process"
+        default_value = "handshake,upsert,bulk,tools,idle,first-response,latency,instructions,in-process"
     )]
     pub parts: Vec<Part>,
     /// The set-ups every terminator runs in, each a set of columns compared with nginx in
@@ -120,6 +128,11 @@ pub struct BenchArgs {
     /// Connections of the first-response row (the median is reported).
     #[arg(long, default_value_t = 30)]
     pub first_response_connections: usize,
+    /// Units counted per instruction row (default: each row's own, enough that a dump's
+    /// own instructions are lost in the total: 100 new connections with a tiny GET, 20
+    /// with RSA-4096, 20 upserts, 40 keep-alive requests).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=100_000))]
+    pub instruction_units: Option<u64>,
     /// The proxy binary (default: next to this loadgen).
     #[arg(long)]
     pub proxy_bin: Option<PathBuf>,
@@ -188,6 +201,8 @@ pub struct BenchPlan {
     pub latency_requests: usize,
     /// Connections of the first-response row.
     pub first_response_connections: usize,
+    /// Units per instruction row, if not each row's own.
+    pub instruction_units: Option<u64>,
     /// The proxy binary.
     pub proxy_bin: PathBuf,
     /// The database of the in-process rows.
@@ -226,6 +241,7 @@ impl BenchPlan {
             idle: args.idle.clone(),
             latency_requests: args.latency_requests,
             first_response_connections: args.first_response_connections,
+            instruction_units: args.instruction_units,
             proxy_bin: args
                 .proxy_bin
                 .clone()

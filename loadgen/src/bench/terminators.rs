@@ -168,7 +168,8 @@ impl Certs {
 /// Our proxy with `provider`: one listener per algorithm, HTTP mode, resumption off,
 /// X25519, forwarding to `sink` (gRPC over h2c, the rest over HTTP/1.1); `worker_threads`
 /// 0 is the proxy's default (one per CPU). `label` names the column, its files under
-/// `work` and its log.
+/// `work` and its log. A non-empty `launcher` runs the proxy under it (`valgrind
+/// --tool=callgrind ...`): the proxy's command line follows it.
 #[allow(clippy::too_many_arguments)]
 pub fn start_proxy(
     binary: &Path,
@@ -179,6 +180,7 @@ pub fn start_proxy(
     work: &Path,
     worker_threads: usize,
     extra_args: &[String],
+    launcher: &[String],
 ) -> Result<Terminator> {
     let loopback_port_0: SocketAddr = ([127, 0, 0, 1], 0).into();
     let settings = ProxySettings {
@@ -216,6 +218,17 @@ pub fn start_proxy(
     let cmd = settings
         .command(binary, work, &what, extra_args)
         .with_context(|| format!("writing {what}'s configuration under {}", work.display()))?;
+    let cmd = match launcher.split_first() {
+        Some((program, args)) => {
+            let mut wrapped = Command::new(program);
+            wrapped
+                .args(args)
+                .arg(cmd.get_program())
+                .args(cmd.get_args());
+            wrapped
+        }
+        None => cmd,
+    };
     let managed = procs::start(cmd, &what, work, None)?;
     let ready = managed.proxy_ready()?;
     let mut addrs = BTreeMap::new();
@@ -253,11 +266,7 @@ impl Peer {
     }
 
     fn binary(self) -> Option<PathBuf> {
-        let name = self.as_str();
-        [format!("/usr/sbin/{name}"), format!("/usr/bin/{name}")]
-            .into_iter()
-            .map(PathBuf::from)
-            .find(|p| p.is_file())
+        installed(self.as_str())
     }
 
     /// The Debian package that brings it.
@@ -275,17 +284,46 @@ pub fn ensure_installed(peer: Peer) -> Result<PathBuf> {
     if let Some(path) = peer.binary() {
         return Ok(path);
     }
+    install_package(peer.as_str(), peer.package())?;
+    // The packages start their system services on the default ports; ours use private
+    // configurations, so the services are only in the way.
+    let _ = Command::new("systemctl")
+        .args(["stop", peer.as_str()])
+        .stderr(Stdio::null())
+        .status();
+    peer.binary()
+        .ok_or_else(|| anyhow!("{} still not found after apt-get", peer.as_str()))
+}
+
+/// A load tool's binary (`ab`, `h2load`) from its Debian package, installed with apt-get
+/// when missing and running as root, as the peers are; an error that says what to install
+/// otherwise.
+pub fn ensure_tool(binary: &str, package: &str) -> Result<PathBuf> {
+    if let Some(path) = installed(binary) {
+        return Ok(path);
+    }
+    install_package(binary, package)?;
+    installed(binary)
+        .ok_or_else(|| anyhow!("{binary} still not found after apt-get install {package}"))
+}
+
+/// Where Debian's packages put the program `name`, if one of them has.
+fn installed(name: &str) -> Option<PathBuf> {
+    [format!("/usr/sbin/{name}"), format!("/usr/bin/{name}")]
+        .into_iter()
+        .map(PathBuf::from)
+        .find(|p| p.is_file())
+}
+
+/// `apt-get install package` (for `what`), as root only.
+fn install_package(what: &str, package: &str) -> Result<()> {
     // SAFETY: geteuid has no preconditions and cannot fail.
     #[allow(unsafe_code)]
     let root = unsafe { libc::geteuid() } == 0;
     if !root {
-        bail!(
-            "{} is not installed: apt-get install {}",
-            peer.as_str(),
-            peer.package()
-        );
+        bail!("{what} is not installed: apt-get install {package}");
     }
-    eprintln!("installing {} with apt-get", peer.package());
+    eprintln!("installing {package} with apt-get");
     let run = |args: &[&str]| -> Result<()> {
         let status = Command::new("apt-get")
             .args(args)
@@ -299,21 +337,7 @@ pub fn ensure_installed(peer: Peer) -> Result<PathBuf> {
         Ok(())
     };
     run(&["update", "-qq"])?;
-    run(&[
-        "install",
-        "-y",
-        "-qq",
-        "--no-install-recommends",
-        peer.package(),
-    ])?;
-    // The packages start their system services on the default ports; ours use private
-    // configurations, so the services are only in the way.
-    let _ = Command::new("systemctl")
-        .args(["stop", peer.as_str()])
-        .stderr(Stdio::null())
-        .status();
-    peer.binary()
-        .ok_or_else(|| anyhow!("{} still not found after apt-get", peer.as_str()))
+    run(&["install", "-y", "-qq", "--no-install-recommends", package])
 }
 
 /// This process's hard open-file limit: what a peer may raise its own limit to (it cannot

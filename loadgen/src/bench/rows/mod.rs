@@ -12,7 +12,9 @@ pub mod first_response;
 pub mod handshake;
 pub mod idle;
 pub mod in_process;
+pub mod instructions;
 pub mod latency;
+pub mod tools;
 pub mod upsert;
 
 use std::future::Future;
@@ -152,6 +154,7 @@ pub fn registered(plan: &BenchPlan) -> Vec<Box<dyn RowSet>> {
             Part::Handshake => sets.push(Box::new(handshake::TinyOnNewConnection::new(plan))),
             Part::Upsert => sets.push(Box::new(upsert::UpsertOnNewConnection::new(plan))),
             Part::Bulk => sets.push(Box::new(bulk::KeepAliveBulk::new())),
+            Part::Tools => sets.push(Box::new(tools::ToolRows::new(plan))),
             Part::Idle => {
                 use idle::{IdleProtocol, IdleState};
                 for &client in &plan.idle_clients {
@@ -166,6 +169,7 @@ pub fn registered(plan: &BenchPlan) -> Vec<Box<dyn RowSet>> {
             }
             Part::FirstResponse => sets.push(Box::new(first_response::FirstResponse::default())),
             Part::Latency => sets.push(Box::new(latency::Latency::new())),
+            Part::Instructions => sets.push(Box::new(instructions::Instructions::new(plan))),
             Part::InProcess => sets.push(Box::new(in_process::InProcessTls::new(plan))),
         }
     }

@@ -19,6 +19,18 @@ use crate::workload::{RequestSource, Workload};
 /// The server name every terminator's certificate carries.
 pub const SERVER_NAME: &str = "localhost";
 
+/// An UPSERT_100 of 1024-d vectors as REST JSON with four decimals, as the new-connection
+/// rows send it (~800 KB).
+pub const UPSERT_JSON_BYTES: usize = 800 * 1024;
+/// The same as the keep-alive rows send it (763 KB).
+pub const BULK_JSON_BYTES: usize = 763 * 1024;
+/// An UPSERT_100 of 1024-d vectors as gRPC protobuf (~416 KB).
+pub const UPSERT_GRPC_BYTES: usize = 416 * 1024;
+/// Where REST uploads go: Qdrant's upsert path.
+pub const REST_UPSERT_PATH: &str = "/collections/bench/points?wait=true";
+/// Where gRPC uploads go: Qdrant's upsert method.
+pub const GRPC_UPSERT_PATH: &str = "/qdrant.Points/Upsert";
+
 /// Upload kinds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Bulk {
@@ -118,9 +130,9 @@ impl Upload {
     /// request says.
     pub fn new(kind: Bulk, body: Bytes, authority: &str, close: bool) -> Result<Self> {
         let path = if kind == Bulk::Grpc {
-            "/qdrant.Points/Upsert"
+            GRPC_UPSERT_PATH
         } else {
-            "/collections/bench/points?wait=true"
+            REST_UPSERT_PATH
         };
         Ok(Self {
             kind,

@@ -7,12 +7,10 @@ use bytes::Bytes;
 
 use super::{timed_figure, LoopPlan, Measuring, Round, RowSet, PER_MB};
 use crate::bench::table::Table;
-use crate::bench::workloads::{grpc_body, json_body, Bulk, Upload};
+use crate::bench::workloads::{
+    grpc_body, json_body, Bulk, Upload, BULK_JSON_BYTES, UPSERT_GRPC_BYTES,
+};
 use crate::driver::ConnectionPolicy;
-
-/// An UPSERT_100 of 1024-d vectors as REST JSON (763 KB) and as gRPC protobuf (416 KB).
-const REST_BODY: usize = 763 * 1024;
-const GRPC_BODY: usize = 416 * 1024;
 
 /// The bulk rows.
 pub struct KeepAliveBulk {
@@ -26,8 +24,8 @@ impl KeepAliveBulk {
     /// The bodies, built once.
     pub fn new() -> Self {
         Self {
-            rest: json_body(REST_BODY),
-            grpc: grpc_body(GRPC_BODY),
+            rest: json_body(BULK_JSON_BYTES),
+            grpc: grpc_body(UPSERT_GRPC_BYTES),
             keys: Vec::new(),
         }
     }

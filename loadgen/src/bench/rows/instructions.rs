@@ -24,7 +24,10 @@ use proxy::crypto::{CertAlgorithmName, ProviderName};
 use super::{loop_config, Bench, ColumnStarter, Measuring, RowSet, When};
 use crate::bench::table::Table;
 use crate::bench::terminators::{ensure_tool, start_proxy, Setup, Terminator};
-use crate::bench::workloads::{self, grpc_body, json_body, Bulk, TinyGet, Upload};
+use crate::bench::workloads::{
+    self, grpc_body, json_body, Bulk, TinyGet, Upload, BULK_JSON_BYTES, UPSERT_GRPC_BYTES,
+    UPSERT_JSON_BYTES,
+};
 use crate::bench::BenchPlan;
 use crate::driver::{self, ConnectionPolicy};
 use crate::workload::RequestSource;
@@ -84,9 +87,9 @@ impl Instructions {
             algorithms: plan.algorithms.clone(),
             units: plan.instruction_units,
             keys: Vec::new(),
-            json_upsert: json_body(800 * 1024),
-            json_bulk: json_body(763 * 1024),
-            grpc: grpc_body(416 * 1024),
+            json_upsert: json_body(UPSERT_JSON_BYTES),
+            json_bulk: json_body(BULK_JSON_BYTES),
+            grpc: grpc_body(UPSERT_GRPC_BYTES),
         }
     }
 
@@ -218,10 +221,7 @@ impl RowSet for Instructions {
                         continue;
                     }
                 };
-                let counter = Counter {
-                    control,
-                    pid: t.pid(),
-                };
+                let counter = Counter::new(control, callgrind_out(bench, provider), t.pid());
                 for k in &self.keys {
                     if bench.stop.is_cancelled() {
                         break;
@@ -241,6 +241,17 @@ impl RowSet for Instructions {
     }
 }
 
+/// Where callgrind writes for `provider`: `<this>.<pid>` at exit, `<this>.<pid>.<n>` for
+/// the n-th dump asked for.
+fn callgrind_out(bench: &Bench<'_>, provider: ProviderName) -> PathBuf {
+    bench
+        .plan
+        .out
+        .join("work")
+        .join("callgrind")
+        .join(provider.as_str())
+}
+
 /// Our proxy with `provider` and one worker (or `--proxy-worker-threads`), started afresh
 /// under callgrind, its dumps and files under `work/callgrind`.
 fn start_under_callgrind(
@@ -250,15 +261,13 @@ fn start_under_callgrind(
     label: &str,
 ) -> Result<Terminator> {
     let plan = bench.plan;
-    let work = plan.out.join("work").join("callgrind");
-    std::fs::create_dir_all(&work).with_context(|| format!("creating {}", work.display()))?;
+    let out = callgrind_out(bench, provider);
+    let work = out.parent().context("callgrind's folder")?;
+    std::fs::create_dir_all(work).with_context(|| format!("creating {}", work.display()))?;
     let launcher = [
         valgrind.display().to_string(),
         "--tool=callgrind".into(),
-        format!(
-            "--callgrind-out-file={}",
-            work.join(format!("{}.%p", provider.as_str())).display()
-        ),
+        format!("--callgrind-out-file={}.%p", out.display()),
     ];
     start_proxy(
         &plan.proxy_bin,
@@ -266,7 +275,7 @@ fn start_under_callgrind(
         label,
         bench.certs,
         bench.sinks,
-        &work,
+        work,
         plan.proxy_worker_threads.max(1),
         &plan.proxy_args,
         &launcher,
@@ -358,9 +367,24 @@ impl Instructions {
 struct Counter<'a> {
     control: &'a Path,
     pid: u32,
+    /// `<out file>.<pid>`: its dumps are this with `.1`, `.2`, ... appended.
+    dumps: PathBuf,
+    /// Dumps asked for so far.
+    dumped: std::cell::Cell<u32>,
 }
 
-impl Counter<'_> {
+impl<'a> Counter<'a> {
+    fn new(control: &'a Path, out: PathBuf, pid: u32) -> Self {
+        let mut dumps = out.into_os_string();
+        dumps.push(format!(".{pid}"));
+        Self {
+            control,
+            pid,
+            dumps: dumps.into(),
+            dumped: std::cell::Cell::new(0),
+        }
+    }
+
     async fn control(&self, arg: &str) -> Result<String> {
         let run = tokio::process::Command::new(self.control)
             .arg(arg)
@@ -389,36 +413,14 @@ impl Counter<'_> {
     /// Writes the counts since the last zero and returns their total of instructions.
     async fn dump(&self) -> Result<u64> {
         let said = self.control("--dump").await?;
-        let file = newest_dump(self.pid).context("callgrind wrote no dump file")?;
+        self.dumped.set(self.dumped.get() + 1);
+        let mut file = self.dumps.clone().into_os_string();
+        file.push(format!(".{}", self.dumped.get()));
+        let file = PathBuf::from(file);
         let text = std::fs::read_to_string(&file)
             .with_context(|| format!("reading {}", file.display()))?;
         total_instructions(&text).with_context(|| format!("{} ({said})", file.display()))
     }
-}
-
-/// The newest dump callgrind wrote for `pid` (`<out file>.<pid>.<n>`), from its command
-/// line's `--callgrind-out-file`.
-fn newest_dump(pid: u32) -> Option<PathBuf> {
-    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
-    let out = cmdline
-        .split(|b| *b == 0)
-        .filter_map(|a| std::str::from_utf8(a).ok())
-        .find_map(|a| a.strip_prefix("--callgrind-out-file="))?
-        .replace("%p", &pid.to_string());
-    let out = PathBuf::from(out);
-    let dir = out.parent()?;
-    let stem = out.file_name()?.to_str()?.to_owned();
-    std::fs::read_dir(dir)
-        .ok()?
-        .filter_map(|e| e.ok())
-        .filter(|e| {
-            e.file_name()
-                .to_str()
-                .and_then(|n| n.strip_prefix(&stem))
-                .is_some_and(|rest| rest.starts_with('.'))
-        })
-        .max_by_key(|e| e.metadata().and_then(|m| m.modified()).ok())
-        .map(|e| e.path())
 }
 
 /// The instruction total of a callgrind dump: its `totals:` line (`summary:` in older

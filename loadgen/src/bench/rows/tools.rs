@@ -29,16 +29,12 @@ use proxy::crypto::CertAlgorithmName;
 use super::{Measuring, Round, RowSet, Unit, PER_CONNECTION, PER_MB, PER_UPSERT};
 use crate::bench::table::Table;
 use crate::bench::terminators::ensure_tool;
-use crate::bench::workloads::{grpc_body, json_body, TinyGet};
+use crate::bench::workloads::{
+    grpc_body, json_body, TinyGet, BULK_JSON_BYTES, GRPC_UPSERT_PATH, REST_UPSERT_PATH,
+    UPSERT_GRPC_BYTES, UPSERT_JSON_BYTES,
+};
 use crate::bench::BenchPlan;
 
-/// The bodies: as the bench's own rows send them (an UPSERT_100 of 1024-d vectors).
-const JSON_UPSERT_BODY: usize = 800 * 1024;
-const JSON_BULK_BODY: usize = 763 * 1024;
-const GRPC_BODY: usize = 416 * 1024;
-/// The REST and gRPC paths of an upsert, as Qdrant's.
-const REST_PATH: &str = "/collections/bench/points?wait=true";
-const GRPC_PATH: &str = "/qdrant.Points/Upsert";
 /// Most h2load runs of one new-connection loop, whatever its duration.
 const MAX_BURSTS: u32 = 100_000;
 /// Most requests of one ab run (it sizes its statistics for them up front).
@@ -238,9 +234,9 @@ impl RowSet for ToolRows {
             let dir = bench.plan.out.join("work").join("tool-bodies");
             std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
             let bodies = [
-                ("upsert.json", json_body(JSON_UPSERT_BODY)),
-                ("bulk.json", json_body(JSON_BULK_BODY)),
-                ("upsert.grpc", grpc_body(GRPC_BODY)),
+                ("upsert.json", json_body(UPSERT_JSON_BYTES)),
+                ("bulk.json", json_body(BULK_JSON_BYTES)),
+                ("upsert.grpc", grpc_body(UPSERT_GRPC_BYTES)),
             ];
             let mut files: [PathBuf; 3] = Default::default();
             let mut sizes = [0u64; 3];
@@ -436,7 +432,7 @@ impl RunSpec<'_> {
                     Some(body) => {
                         args.extend(["-p".into(), body.display().to_string()]);
                         args.extend(["-T".into(), "application/json".into()]);
-                        args.push(url(REST_PATH));
+                        args.push(url(REST_UPSERT_PATH));
                     }
                     None => args.push(url(TinyGet::PATH)),
                 }
@@ -456,10 +452,10 @@ impl RunSpec<'_> {
                 if self.work.grpc() {
                     args.extend(["-H".into(), "content-type: application/grpc".into()]);
                     args.extend(["-H".into(), "te: trailers".into()]);
-                    args.push(url(GRPC_PATH));
+                    args.push(url(GRPC_UPSERT_PATH));
                 } else {
                     args.extend(["-H".into(), "content-type: application/json".into()]);
-                    args.push(url(REST_PATH));
+                    args.push(url(REST_UPSERT_PATH));
                 }
             }
         }

@@ -10,14 +10,11 @@ use proxy::crypto::CertAlgorithmName;
 
 use super::{timed_figure, LoopPlan, Measuring, Round, RowSet, PER_UPSERT};
 use crate::bench::table::Table;
-use crate::bench::workloads::{grpc_body, json_body, Bulk, Upload};
+use crate::bench::workloads::{
+    grpc_body, json_body, Bulk, Upload, UPSERT_GRPC_BYTES, UPSERT_JSON_BYTES,
+};
 use crate::bench::BenchPlan;
 use crate::driver::ConnectionPolicy;
-
-/// An UPSERT_100 of 1024-d vectors as REST JSON with four decimals (~800 KB) and as gRPC
-/// protobuf (~416 KB).
-const JSON_BODY: usize = 800 * 1024;
-const GRPC_BODY: usize = 416 * 1024;
 
 /// The rows of one algorithm and one kind of upsert.
 struct Keys {
@@ -42,8 +39,8 @@ impl UpsertOnNewConnection {
     pub fn new(plan: &BenchPlan) -> Self {
         Self {
             algorithms: plan.algorithms.clone(),
-            json: json_body(JSON_BODY),
-            grpc: grpc_body(GRPC_BODY),
+            json: json_body(UPSERT_JSON_BYTES),
+            grpc: grpc_body(UPSERT_GRPC_BYTES),
             keys: Vec::new(),
         }
     }

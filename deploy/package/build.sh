@@ -84,5 +84,11 @@ if [ "$images" = 1 ]; then
     docker save "$image" | gzip -1 >"$out/${name}_${version}.image.tar.gz"
   done
 fi
-(cd "$out" && sha256sum -- * | grep -v ' SHA256SUMS$' >SHA256SUMS.tmp && mv SHA256SUMS.tmp SHA256SUMS)
+# The list is written outside $out first: a temporary file inside it could be created by the
+# redirection before the glob is expanded (the two sides of the pipe start together), and
+# then be listed with a checksum of its own.
+sums="$(mktemp)"
+(cd "$out" && sha256sum -- *) | grep -v ' SHA256SUMS$' >"$sums"
+chmod 644 "$sums"
+mv "$sums" "$out/SHA256SUMS"
 ls -l "$out" | tail -n +2 | awk '{ print $5, $9 }'

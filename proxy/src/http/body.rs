@@ -14,6 +14,7 @@ use hyper::body::Incoming;
 use prometheus::IntGauge;
 use tokio::sync::OwnedSemaphorePermit;
 
+use super::gather::{Gather, Units};
 use crate::access_log::PendingRecord;
 use crate::io::{Activity, RequestGuard};
 use crate::metrics::{grpc_status_label, GrpcOutcomes, GRPC_STATUS_NONE};
@@ -41,6 +42,9 @@ pub struct CappedBody {
     /// The client's stream is counted as unfinished on `activity` (see
     /// [`Activity::body_opened`]) until this body reads its end.
     counted_open: bool,
+    /// Pieces held until the upstream can use them (see `gather`); none for bodies that
+    /// arrive whole.
+    gather: Option<Gather>,
 }
 
 /// Where a [`CappedBody`] reads from.
@@ -77,6 +81,7 @@ impl CappedBody {
             activity,
             counted: None,
             drain_when_abandoned: false,
+            gather: None,
         }
     }
 
@@ -106,6 +111,23 @@ impl CappedBody {
         self
     }
 
+    /// Holds the body's pieces until the upstream can use them, up to `max_bytes` at a
+    /// time (see `gather`): to the end of each gRPC message with `grpc`, else to the body's
+    /// end when its length is known. A body that has arrived whole is not held.
+    pub fn gathering(mut self, grpc: bool, max_bytes: usize) -> Self {
+        let units = if grpc {
+            Units::GrpcMessages
+        } else if self.peek(|b| b.size_hint().exact().is_some_and(|n| n > 0), false) {
+            Units::KnownLength
+        } else {
+            return self;
+        };
+        if !self.peek(Incoming::is_end_stream, true) {
+            self.gather = Some(Gather::new(units, max_bytes));
+        }
+        self
+    }
+
     /// As [`CappedBody::new`], and a handle that gets `inner` back if it was never read.
     pub fn returnable(inner: Incoming, max: u64, activity: Arc<Activity>) -> (Self, BodyReturn) {
         let counted_open = !inner.is_end_stream();
@@ -120,6 +142,7 @@ impl CappedBody {
             activity,
             counted: None,
             drain_when_abandoned: false,
+            gather: None,
         };
         (body, BodyReturn(cell))
     }
@@ -197,14 +220,12 @@ pub enum RequestBodyError {
     Client(#[from] hyper::Error),
 }
 
-impl Body for CappedBody {
-    type Data = Bytes;
-    type Error = RequestBodyError;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
+impl CappedBody {
+    /// The client's next piece, counted and checked against the cap.
+    fn poll_source(
+        &mut self,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+    ) -> Poll<Option<Result<Frame<Bytes>, RequestBodyError>>> {
         let inner = match &mut self.inner {
             Source::Owned(inner) => inner,
             Source::Returnable { cell, taken } => {
@@ -250,12 +271,73 @@ impl Body for CappedBody {
         }
     }
 
+    /// The client's pieces through `gather`: held while the upstream could not use them,
+    /// then handed on in a run, one per poll.
+    fn poll_gathered(
+        &mut self,
+        gather: &mut Gather,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, RequestBodyError>>> {
+        loop {
+            if let Some(frame) = gather.next_released() {
+                return Poll::Ready(Some(Ok(frame)));
+            }
+            match self.poll_source(cx) {
+                Poll::Ready(Some(Ok(frame))) => {
+                    let ended = self.peek(Incoming::is_end_stream, true);
+                    if let Some(frame) = gather.offer(frame, ended) {
+                        return Poll::Ready(Some(Ok(frame)));
+                    }
+                }
+                Poll::Ready(None) => {
+                    if gather.is_empty() {
+                        return Poll::Ready(None);
+                    }
+                    gather.release();
+                }
+                // What is held goes with the request, which fails.
+                Poll::Ready(Some(Err(e))) => return Poll::Ready(Some(Err(e))),
+                // The source wakes this body when more comes: nothing to arm.
+                Poll::Pending => return Poll::Pending,
+            }
+        }
+    }
+}
+
+impl Body for CappedBody {
+    type Data = Bytes;
+    type Error = RequestBodyError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        let this = &mut *self;
+        match this.gather.take() {
+            Some(mut gather) => {
+                let polled = this.poll_gathered(&mut gather, cx);
+                this.gather = Some(gather);
+                polled
+            }
+            None => this.poll_source(cx),
+        }
+    }
+
     fn is_end_stream(&self) -> bool {
-        self.peek(Incoming::is_end_stream, true)
+        self.gather.as_ref().is_none_or(Gather::is_empty)
+            && self.peek(Incoming::is_end_stream, true)
     }
 
     fn size_hint(&self) -> SizeHint {
-        self.peek(Incoming::size_hint, SizeHint::with_exact(0))
+        let mut hint = self.peek(Incoming::size_hint, SizeHint::with_exact(0));
+        let held = self.gather.as_ref().map_or(0, |g| g.held_bytes() as u64);
+        if held > 0 {
+            if let Some(upper) = hint.upper() {
+                hint.set_upper(upper + held);
+            }
+            hint.set_lower(hint.lower() + held);
+        }
+        hint
     }
 }
 

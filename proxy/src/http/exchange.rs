@@ -92,6 +92,7 @@ pub(super) struct Admitted {
     body: Incoming,
     slot: UpstreamSlot,
     use_h2c: bool,
+    grpc: bool,
 }
 
 /// The client's head rewritten for the upstream; the URI is set per attempt.
@@ -100,12 +101,17 @@ struct UpstreamHead {
     parts: Option<Parts>,
     path_and_query: PathAndQuery,
     client_is_h2: bool,
+    /// The body's pieces are held to the end of each gRPC message (else of the body).
+    grpc: bool,
+    /// The most body bytes held at a time (see `gather`).
+    gather_max: usize,
 }
 
 impl UpstreamHead {
     fn new(
         mut parts: Parts,
         use_h2c: bool,
+        (grpc, gather_max): (bool, usize),
         first_node: &Authority,
         client: &ForwardService,
     ) -> Self {
@@ -126,6 +132,8 @@ impl UpstreamHead {
             parts: Some(parts),
             path_and_query,
             client_is_h2,
+            grpc,
+            gather_max,
         }
     }
 
@@ -155,7 +163,8 @@ impl UpstreamHead {
             let (capped, back) = CappedBody::returnable(body, max_body, activity);
             let capped = capped
                 .counting(bytes_in)
-                .draining_when_abandoned(self.client_is_h2);
+                .draining_when_abandoned(self.client_is_h2)
+                .gathering(self.grpc, self.gather_max);
             let head = self.parts.as_ref().expect("kept while retries remain");
             let mut req = Request::new(capped);
             *req.method_mut() = head.method.clone();
@@ -168,7 +177,8 @@ impl UpstreamHead {
             head.uri = uri;
             let capped = CappedBody::new(body, max_body, activity)
                 .counting(bytes_in)
-                .draining_when_abandoned(self.client_is_h2);
+                .draining_when_abandoned(self.client_is_h2)
+                .gathering(self.grpc, self.gather_max);
             Ok((Request::from_parts(head, capped), None))
         }
     }
@@ -275,6 +285,7 @@ impl HttpForwarder {
             body,
             slot,
             use_h2c,
+            grpc,
         })
     }
 
@@ -291,10 +302,15 @@ impl HttpForwarder {
             mut body,
             mut slot,
             use_h2c,
+            grpc,
         } = admitted;
+        // Held body pieces are the chunk in hand the request buffer budget counts for every
+        // upstream request: never more than it.
+        let gather_max = usize::try_from(self.limits.upstream_chunk_floor()).unwrap_or(usize::MAX);
         let mut head = UpstreamHead::new(
             parts,
             use_h2c,
+            (grpc, gather_max),
             &self.pool.nodes()[0].addr().authority,
             client,
         );

@@ -12,6 +12,7 @@ mod budget;
 pub(crate) mod calm;
 mod errors;
 mod exchange;
+mod gather;
 mod head;
 
 use std::future::Future;

@@ -13,7 +13,7 @@ use std::net::{IpAddr, Ipv4Addr};
 use http::header::{self, HeaderName, HeaderValue};
 
 use crate::config::Config;
-use crate::http::calm::{FrameCursor, ResetWatch};
+use crate::http::calm::{FrameCursor, ResetWatch, OPEN_BUCKET};
 use crate::plan::Plan;
 use crate::proxy_protocol::{parse, Parsed};
 
@@ -40,10 +40,18 @@ fn chunks<'a>(data: &'a [u8], sizes: &[u8]) -> Vec<&'a [u8]> {
 /// sent. Invariants: however the bytes are split into reads, the watch counts the same
 /// streams and resets and comes to the same verdict at the same frame, and it flags a
 /// connection only when its premature resets are past the bound.
+///
+/// The watch reads the clock: a stream's age decides whether its reset is premature, in
+/// buckets of `OPEN_BUCKET` since the watch began. Both watches here see every stream in
+/// their first bucket unless the process stalls between them (seen when a fuzzing run was
+/// paused with SIGSTOP for minutes: the same input then passes in every replay), so a run
+/// that took a bucket or longer does not compare the two: the split is not what changed
+/// the count.
 pub fn h2_client_frames(data: &[u8]) {
     let [budget, s0, s1, s2, s3, rest @ ..] = data else {
         return;
     };
+    let began = std::time::Instant::now();
     let budget = u64::from(*budget);
     let mut whole = ResetWatch::new(budget);
     let flagged_whole = whole.observe(rest);
@@ -56,15 +64,17 @@ pub fn h2_client_frames(data: &[u8]) {
             break;
         }
     }
-    assert_eq!(
-        (whole.opened(), whole.premature()),
-        (split.opened(), split.premature()),
-        "the split changed what was counted"
-    );
-    assert_eq!(
-        flagged_whole, flagged_split,
-        "the split changed the verdict"
-    );
+    if began.elapsed() < OPEN_BUCKET {
+        assert_eq!(
+            (whole.opened(), whole.premature()),
+            (split.opened(), split.premature()),
+            "the split changed what was counted"
+        );
+        assert_eq!(
+            flagged_whole, flagged_split,
+            "the split changed the verdict"
+        );
+    }
     assert_eq!(flagged_whole, whole.is_flood());
     if flagged_whole {
         assert!(whole.premature() * 2 > whole.opened().max(budget));

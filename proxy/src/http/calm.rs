@@ -44,7 +44,7 @@ const ENHANCE_YOUR_CALM: [u8; 4] = 0xb_u32.to_be_bytes();
 /// `premature_reset_min_stream_lifetime_seconds`).
 pub const PREMATURE_RESET_WINDOW: Duration = Duration::from_secs(1);
 /// The resolution of the open times [`ResetWatch`] keeps.
-const OPEN_BUCKET: Duration = Duration::from_millis(50);
+pub(crate) const OPEN_BUCKET: Duration = Duration::from_millis(50);
 /// Open-time checkpoints kept: more buckets than the window spans, so an evicted one is
 /// always older than the window.
 const CHECKPOINTS: usize = 32;

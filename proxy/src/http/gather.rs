@@ -14,10 +14,14 @@
 //! queues at once, when holding more could not help: [`Gather::new`]'s byte cap (at most
 //! the chunk in hand that the request buffer budget counts per upstream request, so it
 //! holds nothing the budget does not), 16 pieces (hyper's vectored write takes 16 buffers),
-//! or the end of what the upstream can use: the body's end, or a gRPC message's. Holding
-//! never waits for anything the upstream could act on, so it needs no timer: a gRPC stream
-//! whose messages are each complete passes them on as they come, and a body of unknown
-//! length (chunked HTTP/1.1) gets no [`Gather`] at all.
+//! or the end of what the upstream can use: the body's end, or a gRPC message's. A gRPC
+//! server acts on whole messages and Qdrant's REST API on whole bodies, so holding delays
+//! nothing they could act on and needs no timer: a gRPC stream whose messages are each
+//! complete passes them on as they come, and a body of unknown length (chunked HTTP/1.1)
+//! gets no [`Gather`] at all. An upstream that reads a known-length body as it streams in
+//! sees it in runs of up to the cap instead of piece by piece (nginx, which buffers a whole
+//! body before it connects upstream, delays it more); a client that trickles its body still
+//! counts as making progress with every piece (the stall timeout), held or not.
 
 use std::collections::VecDeque;
 

@@ -22,6 +22,11 @@
 //! sees it in runs of up to the cap instead of piece by piece (nginx, which buffers a whole
 //! body before it connects upstream, delays it more); a client that trickles its body still
 //! counts as making progress with every piece (the stall timeout), held or not.
+//!
+//! Measured with it (docs/benchmarks.md, eight interleaved runs beside nginx and HAProxy):
+//! bodies from HTTP/1.1 clients cost the proxy 12-20 % less CPU, nearly all of it kernel
+//! time, with the same user-space instructions; h2 from h2load was cheaper in two runs of
+//! four; gRPC, whose upstream writes `upstream::coalesce` already gathers, did not move.
 
 use std::collections::VecDeque;
 

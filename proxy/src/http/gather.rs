@@ -129,15 +129,11 @@ impl Gather {
         if !self.releasing {
             return None;
         }
-        let frame = self.held.pop_front();
-        match &frame {
-            Some(f) => self.held_bytes -= f.data_ref().map_or(0, Bytes::len),
-            None => self.releasing = false,
-        }
-        if self.held.is_empty() {
-            self.releasing = false;
-        }
-        frame
+        // A run is only started with something held.
+        let frame = self.held.pop_front()?;
+        self.held_bytes -= frame.data_ref().map_or(0, Bytes::len);
+        self.releasing = !self.held.is_empty();
+        Some(frame)
     }
 
     /// Hands on everything held (the body ended, failed, or its source has nothing more).

@@ -216,7 +216,10 @@ async fn handle_connection(
             {
                 if !is_benign_close(&e) {
                     m.connection_error("http");
-                    crate::peer_warn!(listener = %ctx.tls.labels.name, %peer, error = %e, "connection error");
+                    // hyper's own message is only the kind ("http2 error"); the cause (a
+                    // keep-alive PING the client never answered, a protocol error) is in
+                    // its sources.
+                    crate::peer_warn!(listener = %ctx.tls.labels.name, %peer, error = %crate::error_chain(&e), "connection error");
                 }
             }
         }

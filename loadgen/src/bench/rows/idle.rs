@@ -1,7 +1,8 @@
 //! Resident memory per idle TLS connection, for one client, protocol and state:
 //! connections opened in steps up to each `--idle` count, either left quiet after the
-//! handshake or after one request answered on each (what an ingestion client between
-//! batches is), the terminator's RSS read after each step. Measured after the rounds on a
+//! handshake or after one request answered on each (a GET of a few bytes: over h2 an
+//! upload leaves more resident, docs/benchmarks.md), the terminator's RSS read after each
+//! step. Measured after the rounds on a
 //! terminator started afresh for each such set alone ([`When::Afresh`]).
 
 use std::net::SocketAddr;

@@ -67,10 +67,12 @@ fn require_avx512_ifma() {
 
 const CONCURRENT: usize = 32;
 
-/// Signatures go to qatprovider in batches (the proof's eight, then handshakes arriving
-/// together), a lone handshake is signed in software instead of waiting for a batch, and
-/// the record layer stays on OpenSSL's default provider (a qat_sw build with its AES-GCM
-/// enabled crashes in decryption when the record layer is routed to it).
+/// Signatures go to qatprovider in full batches (the proof's eight, then handshakes
+/// arriving together; RSA and P-384, while P-256 signs in software by default), X25519 key
+/// pairs come from batches generated ahead, a lone handshake is signed in software instead
+/// of waiting for a batch, and the record layer stays on OpenSSL's default provider (a
+/// qat_sw build with its AES-GCM enabled crashes in decryption when the record layer is
+/// routed to it).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs an installed QAT_Engine provider: QAT_PROVIDER_DIR (deploy/QAT.md)"]
 async fn qat_sw_signs_concurrent_handshakes_in_batches_and_leaves_the_record_layer_alone() {
@@ -82,6 +84,7 @@ async fn qat_sw_signs_concurrent_handshakes_in_batches_and_leaves_the_record_lay
         CertAlgorithmName::Rsa2048,
         CertAlgorithmName::EcdsaP256,
         CertAlgorithmName::Rsa4096,
+        CertAlgorithmName::EcdsaP384,
     ] {
         let proxy = ProxyProcess::start(
             &upstream.url(),
@@ -99,18 +102,16 @@ async fn qat_sw_signs_concurrent_handshakes_in_batches_and_leaves_the_record_lay
             "{log}"
         );
         assert!(log.contains("enable_external_polling=0"), "{log}");
+        let before = proxy.metrics();
         assert_eq!(
             metric_value(
-                &proxy.metrics(),
-                "proxy_listener_info",
-                &[
-                    ("provider", "openssl-qat"),
-                    ("handshake_offload", "qat-async")
-                ]
+                &before,
+                "proxy_qat_provider_info",
+                &[("mode", "qat_sw"), ("batch", "8")]
             ),
-            Some(1.0)
+            Some(1.0),
+            "{before}"
         );
-        let before = proxy.metrics();
         let offloaded_before = metric_sum(
             &before,
             "proxy_qat_signatures_total",
@@ -140,15 +141,43 @@ async fn qat_sw_signs_concurrent_handshakes_in_batches_and_leaves_the_record_lay
             "proxy_qat_signatures_total",
             &[("outcome", "offloaded")],
         );
+        let software = metric_sum(&m, "proxy_qat_signatures_total", &[("outcome", "software")]);
+        if alg == CertAlgorithmName::EcdsaP256 {
+            // qat.offload_p256 is off: P-256 signatures stay where the handshake runs.
+            assert_eq!(offloaded, offloaded_before, "{m}");
+            assert!(software >= CONCURRENT as f64, "{m}");
+        } else {
+            assert!(
+                offloaded > offloaded_before,
+                "no handshake signature was offloaded with {CONCURRENT} at once:\n{m}"
+            );
+            // Only whole batches reach the provider: the offloaded signatures and the
+            // throw-away ones that completed part batches make whole batches.
+            let padding = metric_sum(&m, "proxy_qat_padding_signatures_total", &[]);
+            let batches = metric_sum(&m, "proxy_qat_batches_total", &[]);
+            assert!(batches >= 1.0, "{m}");
+            assert_eq!(
+                (offloaded - offloaded_before + padding) % 8.0,
+                0.0,
+                "a part batch reached the provider:\n{m}"
+            );
+        }
+        // Key pairs for X25519 were generated ahead in provider batches.
         assert!(
-            offloaded > offloaded_before,
-            "no handshake signature was offloaded with {CONCURRENT} at once:\n{m}"
-        );
-        assert_eq!(
-            metric_sum(&m, "proxy_qat_signatures_total", &[("outcome", "failed")]),
-            0.0,
+            metric_sum(
+                &m,
+                "proxy_qat_x25519_keys_total",
+                &[("outcome", "offloaded")]
+            ) >= 1.0,
             "{m}"
         );
+        for failed in ["proxy_qat_signatures_total", "proxy_qat_x25519_keys_total"] {
+            assert_eq!(
+                metric_sum(&m, failed, &[("outcome", "failed")]),
+                0.0,
+                "{failed}: {m}"
+            );
+        }
 
         // One handshake alone: signed in software, not parked waiting for a batch.
         let sync_before = metric_sum(&m, "proxy_qat_signatures_total", &[("outcome", "software")]);
@@ -181,6 +210,80 @@ async fn qat_sw_signs_concurrent_handshakes_in_batches_and_leaves_the_record_lay
             proxy.log_text()
         );
     }
+}
+
+/// One openssl-qat cell of the provider x algorithm x TLS version matrix: a verified
+/// request through the proxy with the provider loaded, answered by the upstream, and the
+/// handshake counted with the version asked for (TLS 1.2 takes its X25519 key pair from
+/// the stock through the two-step exchange).
+async fn matrix_cell(alg: CertAlgorithmName, tls13: bool) {
+    let Some(modules) = modules("QAT_PROVIDER_DIR") else {
+        return;
+    };
+    let upstream = EchoUpstream::start();
+    let proxy = ProxyProcess::start(
+        &upstream.url(),
+        ProviderName::OpensslQat,
+        alg,
+        &["--qat-module-path", &modules],
+    );
+    let version = if tls13 { "1.3" } else { "1.2" };
+    let cfg = client_config(&ClientOpts {
+        tls13,
+        tls12: !tls13,
+        ..ClientOpts::default()
+    });
+    let body = format!("upsert through openssl-qat with {alg} over TLS {version}");
+    let a = request_bounded(
+        proxy.addr,
+        cfg,
+        "POST",
+        "/points",
+        &[],
+        Bytes::from(body.clone()),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{alg} TLS {version}: {e}\n{}", proxy.log_text()));
+    assert_eq!(a.status, 200);
+    assert_eq!(a.json()["body_sha256"], sha256_hex(body.as_bytes()));
+    let m = proxy.metrics();
+    assert_eq!(
+        metric_value(
+            &m,
+            "proxy_tls_handshakes_total",
+            &[
+                ("provider", "openssl-qat"),
+                ("algorithm", alg.as_str()),
+                ("tls_version", version),
+                ("outcome", "ok"),
+                ("resumed", "false"),
+            ],
+        ),
+        Some(1.0),
+        "{m}"
+    );
+}
+
+/// One test per cell, so that a failing cell hides none of the others.
+macro_rules! matrix_cells {
+    ($($name:ident: $alg:ident, $tls13:expr;)*) => {$(
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        #[ignore = "needs an installed QAT_Engine provider: QAT_PROVIDER_DIR (deploy/QAT.md)"]
+        async fn $name() {
+            matrix_cell(CertAlgorithmName::$alg, $tls13).await;
+        }
+    )*};
+}
+
+matrix_cells! {
+    matrix_rsa2048_tls13: Rsa2048, true;
+    matrix_rsa2048_tls12: Rsa2048, false;
+    matrix_rsa4096_tls13: Rsa4096, true;
+    matrix_rsa4096_tls12: Rsa4096, false;
+    matrix_ecdsa_p256_tls13: EcdsaP256, true;
+    matrix_ecdsa_p256_tls12: EcdsaP256, false;
+    matrix_ecdsa_p384_tls13: EcdsaP384, true;
+    matrix_ecdsa_p384_tls12: EcdsaP384, false;
 }
 
 /// QAT_Engine as released switches qat_sw off on a non-Intel CPU but still registers its

@@ -234,6 +234,16 @@ pub struct ProxyMetricsDelta {
     /// openssl-qat: the other signatures (in software at low load, inline, failed).
     #[serde(default)]
     pub qat_signatures_not_offloaded: Option<f64>,
+    /// openssl-qat: throw-away signatures that completed part batches during the run.
+    #[serde(default)]
+    pub qat_padding_signatures: Option<f64>,
+    /// openssl-qat: what computed the provider's work: `qat_sw` (QAT_Engine's software
+    /// mode) or `qat_hw` (a QuickAssist device).
+    #[serde(default)]
+    pub qat_mode: Option<String>,
+    /// openssl-qat: the batch the provider was fed (8 for qat_sw, 1 for a device).
+    #[serde(default)]
+    pub qat_batch: Option<u32>,
 }
 
 /// The client's TLS handshakes over the measured phase.

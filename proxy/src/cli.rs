@@ -154,6 +154,13 @@ pub struct Overrides {
     /// The QAT provider's batch width: 8 for qat_sw (the default), 1 for QAT hardware.
     #[arg(long, value_name = "N")]
     qat_batch: Option<usize>,
+    /// The longest a part batch of QAT signatures waits to fill (default 5ms).
+    #[arg(long, value_name = "DURATION")]
+    qat_batch_wait: Option<humantime::Duration>,
+    /// Send ECDSA P-256 signatures to the QAT provider too (off by default: qat_sw gains
+    /// less on them than the hand-off costs).
+    #[arg(long, value_name = "BOOL")]
+    qat_offload_p256: Option<bool>,
     /// Root of the sysfs tree holding QAT telemetry (default /sys).
     #[arg(long, value_name = "DIR")]
     qat_telemetry_root: Option<PathBuf>,
@@ -339,6 +346,12 @@ fn apply_process_flags(cfg: &mut Config, o: &Overrides) {
     }
     if let Some(v) = o.qat_batch {
         cfg.qat.batch = v;
+    }
+    if let Some(v) = o.qat_batch_wait {
+        cfg.qat.batch_wait = v.into();
+    }
+    if let Some(v) = o.qat_offload_p256 {
+        cfg.qat.offload_p256 = v;
     }
 
     if let Some(v) = &o.qat_telemetry_root {

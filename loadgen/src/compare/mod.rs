@@ -63,9 +63,10 @@ impl Profile {
 /// The flags of `loadgen compare`.
 #[derive(Clone, Debug, Args, Serialize)]
 pub struct CompareArgs {
-    /// Providers to compare (comma-separated).
-    #[arg(long, value_delimiter = ',', default_value = "ring,aws-lc-rs,openssl")]
-    pub providers: Vec<ProviderName>,
+    /// Providers to compare (comma-separated). Default: ring, aws-lc-rs, openssl, and
+    /// openssl-qat when a QAT provider is installed (see --qat-module-path).
+    #[arg(long, value_delimiter = ',')]
+    pub providers: Option<Vec<ProviderName>>,
     /// Certificate algorithms to compare (comma-separated).
     #[arg(
         long,
@@ -100,9 +101,10 @@ pub struct CompareArgs {
     /// REST or gRPC, for every cell.
     #[arg(long, value_enum, default_value_t = Protocol::Grpc)]
     pub protocol: Protocol,
-    /// Workers per cell, each with one request in flight.
-    #[arg(long, default_value_t = 4)]
-    pub concurrency: usize,
+    /// Workers per cell, each with one request in flight. Default: 4, or 32 (the study's
+    /// clients, enough handshakes at once to fill QAT batches) when openssl-qat is compared.
+    #[arg(long)]
+    pub concurrency: Option<usize>,
     /// new: a full handshake per request (what the comparison is about); reuse; per-n=N.
     #[arg(long, default_value = "new")]
     #[serde(serialize_with = "crate::run::serialize_display")]
@@ -143,8 +145,12 @@ pub struct CompareArgs {
     /// The proxy binary of local mode (default: next to this loadgen).
     #[arg(long)]
     pub proxy_bin: Option<PathBuf>,
-    /// A further `proxy run` flag for every local cell, repeatable, e.g.
-    /// `--proxy-arg=--qat-module-path=/opt/qat/lib/ossl-modules` for openssl-qat cells.
+    /// The `ossl-modules` directory of an installed QAT_Engine provider, for openssl-qat
+    /// cells. Unset: QAT_PROVIDER_DIR, OPENSSL_MODULES, then the install directories
+    /// deploy/QAT.md names are searched for qatprovider.so.
+    #[arg(long)]
+    pub qat_module_path: Option<PathBuf>,
+    /// A further `proxy run` flag for every local cell, repeatable.
     #[arg(long = "proxy-arg", value_name = "FLAG", allow_hyphen_values = true)]
     pub proxy_args: Vec<String>,
     /// The upstream binary of local mode (default: embedded-qdrant next to this loadgen).
@@ -201,6 +207,74 @@ fn redact_run_args<S: serde::Serializer>(v: &[String], s: S) -> Result<S::Ok, S:
         seq.serialize_element(&shown)?;
     }
     seq.end()
+}
+
+/// Where QAT_Engine's `make install` puts the provider (deploy/QAT.md): its default prefix
+/// and the Debian/Ubuntu OpenSSL module directory.
+const QAT_INSTALL_DIRS: [&str; 3] = [
+    "/usr/local/lib64/ossl-modules",
+    "/usr/local/lib/ossl-modules",
+    "/usr/lib/x86_64-linux-gnu/ossl-modules",
+];
+
+/// The concurrency of a matrix without openssl-qat: the quick profile's few workers.
+const DEFAULT_CONCURRENCY: usize = 4;
+/// The concurrency of a matrix with openssl-qat: the study's 32 clients, enough
+/// handshakes at once for qat_sw's batches of eight to fill.
+const QAT_CONCURRENCY: usize = 32;
+
+/// The directory holding an installed `qatprovider.so`: `named`, else the first of
+/// QAT_PROVIDER_DIR, OPENSSL_MODULES and the install directories deploy/QAT.md names
+/// that holds one.
+pub fn find_qat_provider(named: Option<&Path>) -> Option<PathBuf> {
+    if let Some(dir) = named {
+        return Some(dir.to_owned());
+    }
+    ["QAT_PROVIDER_DIR", "OPENSSL_MODULES"]
+        .iter()
+        .filter_map(|var| std::env::var_os(var).map(PathBuf::from))
+        .chain(QAT_INSTALL_DIRS.iter().map(PathBuf::from))
+        .find(|dir| dir.join("qatprovider.so").is_file())
+}
+
+impl CompareArgs {
+    /// The flags with every default decided: providers (openssl-qat joins when a provider
+    /// is installed), the QAT provider's directory, the concurrency.
+    pub fn resolved(&self) -> CompareArgs {
+        let mut args = self.clone();
+        args.qat_module_path = find_qat_provider(self.qat_module_path.as_deref());
+        let providers = self.providers.clone().unwrap_or_else(|| {
+            let mut p = ProviderName::SOFTWARE.to_vec();
+            if args.qat_module_path.is_some() {
+                p.push(ProviderName::OpensslQat);
+            }
+            p
+        });
+        let with_qat = providers.contains(&ProviderName::OpensslQat);
+        args.concurrency = Some(self.concurrency.unwrap_or(if with_qat {
+            QAT_CONCURRENCY
+        } else {
+            DEFAULT_CONCURRENCY
+        }));
+        args.providers = Some(providers);
+        args
+    }
+
+    /// The providers compared (after [`resolved`](Self::resolved)).
+    pub fn providers(&self) -> &[ProviderName] {
+        self.providers.as_deref().unwrap_or(&ProviderName::SOFTWARE)
+    }
+
+    /// The proxy flags of a local cell with `provider`.
+    fn proxy_args_for(&self, provider: ProviderName) -> Vec<String> {
+        let mut args = self.proxy_args.clone();
+        if let (ProviderName::OpensslQat, Some(dir)) = (provider, &self.qat_module_path) {
+            if !args.iter().any(|a| a.starts_with("--qat-module-path")) {
+                args.push(format!("--qat-module-path={}", dir.display()));
+            }
+        }
+        args
+    }
 }
 
 /// The file a cell's result goes to.
@@ -353,7 +427,7 @@ fn base_run_args(args: &CompareArgs) -> Result<RunArgs> {
     // make later cells slower for reasons that have nothing to do with TLS.
     run.collection = "compare".to_owned();
     run.recreate = true;
-    run.concurrency = args.concurrency;
+    run.concurrency = args.concurrency.unwrap_or(DEFAULT_CONCURRENCY);
     run.connection_policy = args.connection_policy;
     run.resumption = args.resumption;
     run.kx = args.kx.clone();
@@ -382,7 +456,17 @@ fn cell_run_args(base: &RunArgs, cell: &Cell, target: &str, ca: &Path, out: &Pat
 
 /// Runs the whole comparison; returns the cells that failed.
 pub async fn execute(args: &CompareArgs, stop: CancellationToken) -> Result<Vec<CellFailure>> {
-    let (providers, algorithms) = (&args.providers, &args.algorithms);
+    let args = &args.resolved();
+    if let Some(dir) = &args.qat_module_path {
+        eprintln!("QAT provider: {} (openssl-qat cells)", dir.display());
+    } else if args.providers().contains(&ProviderName::OpensslQat) {
+        eprintln!(
+            "no QAT provider found (--qat-module-path, QAT_PROVIDER_DIR, OPENSSL_MODULES, {}): \
+             openssl-qat cells will say why they could not run",
+            QAT_INSTALL_DIRS.join(", ")
+        );
+    }
+    let (providers, algorithms) = (&args.providers().to_vec(), &args.algorithms);
     let repeat = args.repeat.unwrap_or(args.profile.repeat());
     // Every cell's flags are parsed and checked once, up front, before anything starts.
     let base = base_run_args(args)
@@ -615,7 +699,7 @@ async fn run_local_cell(
             },
         }],
     };
-    let cmd = settings.command(&bin, work, "proxy", &args.proxy_args)?;
+    let cmd = settings.command(&bin, work, "proxy", &args.proxy_args_for(settings.provider))?;
     let cpus = args.proxy_cpus.as_ref().map(|l| l.cpus.as_slice());
     let proxy = tokio::task::block_in_place(|| procs::start(cmd, "proxy", work, cpus))
         .context("the proxy would not start")?;
@@ -752,6 +836,41 @@ mod tests {
         Wrapper::try_parse_from(["compare"].iter().chain(extra))
             .unwrap()
             .args
+    }
+
+    /// An installed QAT provider joins openssl-qat to the default providers at the study's
+    /// concurrency, and its cells (only those) get the provider's directory; explicit
+    /// flags win.
+    #[test]
+    fn an_installed_qat_provider_joins_the_matrix_at_the_studys_concurrency() {
+        let dir = std::env::temp_dir().join(format!("qat-modules-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("qatprovider.so"), b"").unwrap();
+        let path = dir.display().to_string();
+        let args = compare_args(&["--qat-module-path", &path]).resolved();
+        assert_eq!(args.providers(), &ProviderName::ALL);
+        assert_eq!(args.concurrency, Some(QAT_CONCURRENCY));
+        assert_eq!(
+            args.proxy_args_for(ProviderName::OpensslQat),
+            vec![format!("--qat-module-path={path}")]
+        );
+        assert!(args.proxy_args_for(ProviderName::Openssl).is_empty());
+
+        let explicit = compare_args(&[
+            "--qat-module-path",
+            &path,
+            "--providers",
+            "openssl,openssl-qat",
+            "--concurrency",
+            "64",
+        ])
+        .resolved();
+        assert_eq!(
+            explicit.providers(),
+            &[ProviderName::Openssl, ProviderName::OpensslQat]
+        );
+        assert_eq!(explicit.concurrency, Some(64));
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     /// The flags after `--` are parsed once into typed settings, compare's own settings

@@ -332,6 +332,11 @@ impl Running {
                         qat_signatures_not_offloaded: after
                             .qat_not_offloaded
                             .map(|a| a - before.qat_not_offloaded.unwrap_or(0.0)),
+                        qat_padding_signatures: after
+                            .qat_padding
+                            .map(|a| a - before.qat_padding.unwrap_or(0.0)),
+                        qat_mode: after.qat_mode.as_ref().map(|(m, _)| m.clone()),
+                        qat_batch: after.qat_mode.as_ref().map(|(_, b)| *b),
                     };
                     (Measured::ok(delta), after.listeners)
                 }

@@ -269,10 +269,19 @@ pub fn bound(r: &RunResult) -> String {
     let qat = r.proxy_metrics.value.as_ref().and_then(|p| {
         let offloaded = p.qat_signatures_offloaded?;
         let total = offloaded + p.qat_signatures_not_offloaded.unwrap_or(0.0);
+        let mode = match (&p.qat_mode, p.qat_batch) {
+            (Some(mode), Some(batch)) => format!(" ({mode}, batch {batch})"),
+            _ => String::new(),
+        };
+        let padding = p
+            .qat_padding_signatures
+            .filter(|n| *n > 0.0)
+            .map(|n| format!(", {n:.0} throw-away signatures completed part batches"))
+            .unwrap_or_default();
         (total > 0.0).then(|| {
             format!(
-                "; QAT: {:.0} % of {total:.0} signatures offloaded (the rest in software: too few \
-                 handshakes at once to fill a batch)",
+                "; QAT{mode}: {:.0} % of {total:.0} signatures offloaded (the rest in software: \
+                 too few handshakes at once to fill a batch, or a key kept in software){padding}",
                 100.0 * offloaded / total
             )
         })

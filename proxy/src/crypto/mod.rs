@@ -7,6 +7,7 @@
 
 mod certgen;
 mod keys;
+mod openssl_hkdf;
 mod openssl_ticketer;
 mod provider;
 pub mod qat;

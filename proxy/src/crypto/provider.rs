@@ -274,8 +274,24 @@ impl Provider {
                 }
             };
         let uses_openssl = matches!(name, ProviderName::Openssl | ProviderName::OpensslQat);
+        if uses_openssl {
+            super::openssl_hkdf::with_keyed_hmac_hkdf(&mut crypto.cipher_suites);
+        }
+        let mut all_groups = all_groups;
         if uses_openssl && super::qat::active().is_some() {
             crypto.signature_verification_algorithms = verification_beside_qat();
+            // X25519 pinned to the default provider (openssl), or batched in the QAT
+            // provider inside the offload step (openssl-qat): rustls-openssl's lands in the
+            // QAT provider outside any job (see `qat::kx`).
+            let x25519: &'static dyn SupportedKxGroup = match name {
+                ProviderName::OpensslQat => &super::qat::kx::QAT_X25519,
+                _ => &super::qat::kx::SOFTWARE_X25519,
+            };
+            for group in all_groups.iter_mut().chain(crypto.kx_groups.iter_mut()) {
+                if group.name() == NamedGroup::X25519 {
+                    *group = x25519;
+                }
+            }
         }
         if !kx_groups.is_empty() {
             let mut pinned = Vec::with_capacity(kx_groups.len());

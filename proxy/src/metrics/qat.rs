@@ -15,7 +15,11 @@ pub struct QatMetrics {
     telemetry_root: PathBuf,
     enable_telemetry: bool,
     signatures: IntCounterVec,
+    exchanges: IntCounterVec,
     retries: IntCounter,
+    batches: IntCounter,
+    released: IntCounter,
+    padding: IntCounter,
     in_flight: IntGauge,
     telemetry_available: IntGauge,
     device_utilization: GaugeVec,
@@ -49,13 +53,41 @@ impl QatMetrics {
         ))
         .expect("static metric definition");
         offload_active.set(i64::from(state.is_some()));
+        let provider_info = prometheus::IntGaugeVec::new(
+            Opts::new(
+                "proxy_qat_provider_info",
+                "1 for the active QAT provider: mode qat_sw (QAT_Engine's multi-buffer software on \
+                 AVX-512 IFMA), qat_hw (a QuickAssist device) or unknown, and the batch it is fed.",
+            ),
+            &["provider", "mode", "batch"],
+        )
+        .expect("static metric definition");
+        if let Some(state) = &state {
+            provider_info
+                .with_label_values(&[
+                    state.name.as_str(),
+                    state.mode.as_str(),
+                    &state.signer().batch().to_string(),
+                ])
+                .set(1);
+        }
         let signatures = IntCounterVec::new(
             Opts::new(
                 "proxy_qat_signatures_total",
                 "Handshake signatures of openssl-qat listeners, by outcome: offloaded (the QAT provider \
                  paused the asynchronous job: batched or sent to the device), inline (the QAT provider \
-                 signed without pausing: not offloaded), software (OpenSSL's default provider, because \
-                 too few handshakes were under way to fill a batch), failed.",
+                 signed without pausing: not offloaded), software (OpenSSL's default provider: too few \
+                 handshakes were under way to fill a batch, or a part batch could not fill in time), failed.",
+            ),
+            &["outcome"],
+        )
+        .expect("static metric definition");
+        let exchanges = IntCounterVec::new(
+            Opts::new(
+                "proxy_qat_x25519_keys_total",
+                "X25519 key pairs of openssl-qat handshakes, by outcome: offloaded (generated ahead \
+                 in a QAT provider batch and taken from the stock), software (the stock was empty), \
+                 failed (a provider batch that produced no key).",
             ),
             &["outcome"],
         )
@@ -63,6 +95,24 @@ impl QatMetrics {
         let retries = IntCounter::with_opts(Opts::new(
             "proxy_qat_signature_retries_total",
             "Times a signature was resumed because the QAT provider had no free request slot.",
+        ))
+        .expect("static metric definition");
+        let batches = IntCounter::with_opts(Opts::new(
+            "proxy_qat_batches_total",
+            "Batches of handshake signatures submitted to the QAT provider at once (qat.batch each, \
+             one each with QAT hardware's batch of 1).",
+        ))
+        .expect("static metric definition");
+        let released = IntCounter::with_opts(Opts::new(
+            "proxy_qat_part_batches_released_total",
+            "Part batches that could not fill within qat.batch_wait, or with the handshakes under \
+             way, and were signed in software instead.",
+        ))
+        .expect("static metric definition");
+        let padding = IntCounter::with_opts(Opts::new(
+            "proxy_qat_padding_signatures_total",
+            "Throw-away signatures that completed part batches where signing the held ones in \
+             software would have cost more CPU than a whole batch.",
         ))
         .expect("static metric definition");
         let in_flight = IntGauge::with_opts(Opts::new(
@@ -77,8 +127,13 @@ impl QatMetrics {
         .expect("static metric definition");
         for m in [
             Box::new(offload_active) as Box<dyn prometheus::core::Collector>,
+            Box::new(provider_info),
             Box::new(signatures.clone()),
+            Box::new(exchanges.clone()),
             Box::new(retries.clone()),
+            Box::new(batches.clone()),
+            Box::new(released.clone()),
+            Box::new(padding.clone()),
             Box::new(in_flight.clone()),
             Box::new(telemetry_available.clone()),
         ] {
@@ -89,7 +144,11 @@ impl QatMetrics {
             telemetry_root,
             enable_telemetry,
             signatures,
+            exchanges,
             retries,
+            batches,
+            released,
+            padding,
             in_flight,
             telemetry_available,
             device_utilization: gauge_vec(
@@ -148,7 +207,20 @@ impl QatMetrics {
                     counter.load(Ordering::Relaxed),
                 );
             }
+            for (outcome, counter) in [
+                ("offloaded", &stats.keys_from_stock),
+                ("software", &stats.keys_in_software),
+                ("failed", &stats.keys_failed),
+            ] {
+                advance(
+                    &self.exchanges.with_label_values(&[outcome]),
+                    counter.load(Ordering::Relaxed),
+                );
+            }
             advance(&self.retries, stats.retries.load(Ordering::Relaxed));
+            advance(&self.batches, stats.batches.load(Ordering::Relaxed));
+            advance(&self.released, stats.released.load(Ordering::Relaxed));
+            advance(&self.padding, stats.padding.load(Ordering::Relaxed));
             self.in_flight.set(stats.in_flight.load(Ordering::Relaxed));
         }
         match telemetry::read_all(&self.telemetry_root, self.enable_telemetry) {

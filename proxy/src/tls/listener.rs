@@ -142,9 +142,13 @@ impl ListenerTls {
             .map_or(&self.metrics, |s| &s.metrics)
     }
 
-    /// Handshakes wait for the asynchronous QAT signer (openssl-qat in effect).
+    /// Handshakes may wait for the asynchronous QAT signer: openssl-qat in effect, with a
+    /// certificate whose signatures are offloaded.
     pub fn waits_for_signer(&self) -> bool {
         self.plan.provider == ProviderName::OpensslQat
+            && std::iter::once(self.algorithm)
+                .chain(self.sni.iter().map(|s| s.algorithm))
+                .any(crate::crypto::qat::offloads_signatures_of)
     }
 
     /// Publishes what this listener serves in the metrics: the default certificate's

@@ -267,11 +267,10 @@ where
     IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     C: FnOnce(Option<&str>) -> Arc<ServerConfig>,
 {
-    // Counted from the first byte to the last flight, so that the QAT signer knows how many
-    // signatures are coming: a partial batch waits only while enough handshakes are under
-    // way to fill it.
+    // Counted from accept to the last flight, so that the QAT signer knows how many
+    // signatures are still to come: a part batch waits only while they can fill it.
     let qat = waits_for_signer.then(crate::crypto::qat::active).flatten();
-    let _counted = qat
+    let mut counted = qat
         .as_ref()
         .map(|state| crate::crypto::qat::signer::HandshakeInFlight::new(state.signer()));
     let start = LazyConfigAcceptor::new(rustls::server::Acceptor::default(), io)
@@ -281,21 +280,39 @@ where
             source,
         })?;
     let config = choose(start.client_hello().server_name());
+    let batches = match (&qat, &counted) {
+        (Some(state), Some(handshake)) => handshake.may_fill_a_batch(state.signer()),
+        _ => false,
+    };
+    if !batches {
+        // Signed in software where `offload` says: no work for a batch to wait for.
+        if let Some(handshake) = counted.as_mut() {
+            handshake.asks_no_more();
+        }
+    }
     // `into_stream` processes the ClientHello and produces the server's first flight, which
     // includes the signature (TLS 1.3 CertificateVerify, TLS 1.2 ServerKeyExchange): that
     // call is what the pool takes off the reactor.
     let accept = match offload {
-        _ if qat.is_some_and(|state| state.signer().batches_fill()) => {
-            tokio::task::spawn_blocking(move || {
-                crate::crypto::qat::signer::AsyncSigner::may_wait_for_batch(|| {
-                    start.into_stream(config)
-                })
+        _ if batches => {
+            let mut handshake = counted
+                .take()
+                .expect("batches only with a counted handshake");
+            let (handshake, accept) = tokio::task::spawn_blocking(move || {
+                let accept =
+                    crate::crypto::qat::signer::AsyncSigner::offload_step(&mut handshake, || {
+                        start.into_stream(config)
+                    });
+                (handshake, accept)
             })
             .await
             .map_err(|e| HandshakeError {
                 kind: "offload",
                 source: io::Error::other(e),
-            })?
+            })?;
+            // Still under way until its last flight.
+            counted = Some(handshake);
+            accept
         }
         Offload::Inline => start.into_stream(config),
         // The pool returns the not-yet-finished handshake future on purpose: only building it
@@ -309,10 +326,12 @@ where
                 source: io::Error::other(e),
             })?,
     };
-    accept.await.map_err(|source| HandshakeError {
+    let stream = accept.await.map_err(|source| HandshakeError {
         kind: "handshake",
         source,
-    })
+    });
+    drop(counted);
+    stream
 }
 
 impl HandshakeError {

@@ -12,6 +12,15 @@ use openssl_sys as sys;
 use super::cstring;
 
 extern "C" {
+    fn OSSL_PARAM_construct_utf8_ptr(
+        key: *const std::os::raw::c_char,
+        buf: *mut *mut std::os::raw::c_char,
+        bsize: usize,
+    ) -> sys::OSSL_PARAM;
+    fn OSSL_PROVIDER_get_params(
+        prov: *const sys::OSSL_PROVIDER,
+        params: *mut sys::OSSL_PARAM,
+    ) -> c_int;
     fn EVP_set_default_properties(libctx: *mut sys::OSSL_LIB_CTX, propq: *const c_char) -> c_int;
     fn OSSL_PROVIDER_available(libctx: *mut sys::OSSL_LIB_CTX, name: *const c_char) -> c_int;
     fn OSSL_LIB_CTX_load_config(ctx: *mut sys::OSSL_LIB_CTX, config_file: *const c_char) -> c_int;
@@ -39,16 +48,31 @@ pub(super) fn set_default_search_path(dir: &Path) -> Result<(), String> {
 }
 
 /// Takes a reference to the provider `name` (loading it if needed) and keeps it for the
-/// life of the process: providers are never unloaded while the proxy runs.
-pub(super) fn load_provider(name: &str) -> Result<(), String> {
+/// life of the process: providers are never unloaded while the proxy runs. Returns the
+/// provider's own description (its `name` parameter, e.g. "QAT Provider for QAT_SW"),
+/// empty when it gives none.
+pub(super) fn load_provider(name: &str) -> Result<String, String> {
     let c_name = cstring(name)?;
     // SAFETY: NULL selects the default library context; `c_name` outlives the call. The
     // reference is deliberately never released.
     let p = unsafe { sys::OSSL_PROVIDER_load(ptr::null_mut(), c_name.as_ptr()) };
     if p.is_null() {
-        Err(openssl_errors())
-    } else {
-        Ok(())
+        return Err(openssl_errors());
+    }
+    let mut described: *mut std::os::raw::c_char = ptr::null_mut();
+    // SAFETY: a live provider; the parameter array asks for a UTF-8 pointer the provider
+    // owns for its lifetime, read before anything could unload it.
+    unsafe {
+        let mut params = [
+            OSSL_PARAM_construct_utf8_ptr(c"name".as_ptr(), &mut described, 0),
+            sys::OSSL_PARAM_construct_end(),
+        ];
+        if OSSL_PROVIDER_get_params(p, params.as_mut_ptr()) != 1 || described.is_null() {
+            return Ok(String::new());
+        }
+        Ok(std::ffi::CStr::from_ptr(described)
+            .to_string_lossy()
+            .into_owned())
     }
 }
 

@@ -4,6 +4,7 @@
 
 use std::ffi::CStr;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use openssl::nid::Nid;
 use openssl::pkey::{Id, PKey, Private};
@@ -12,7 +13,7 @@ use rustls::pki_types::{PrivateKeyDer, SubjectPublicKeyInfoDer};
 use rustls::sign::{Signer, SigningKey};
 use rustls::{Error, SignatureAlgorithm, SignatureScheme};
 
-use super::signer::{AsyncSigner, Padding};
+use super::signer::{AsyncSigner, OperationKind, Padding};
 
 /// Loads private keys whose signatures run on the QAT signer. Used as the `key_provider`
 /// of openssl-qat's `CryptoProvider`; everything else in that provider is rustls-openssl's.
@@ -27,9 +28,9 @@ impl KeyProvider for QatKeyProvider {
         &self,
         key_der: PrivateKeyDer<'static>,
     ) -> Result<Arc<dyn SigningKey>, Error> {
-        let signer = super::active()
-            .map(|state| state.signer().clone())
+        let state = super::active()
             .ok_or_else(|| Error::General("the QAT provider has not been activated".into()))?;
+        let signer = state.signer().clone();
         let key = PKey::private_key_from_der(key_der.secret_der())
             .map_err(|e| Error::General(format!("OpenSSL cannot read the private key: {e}")))?;
         let schemes: &'static [(SignatureScheme, &'static CStr, Padding)] = match key.id() {
@@ -67,13 +68,36 @@ impl KeyProvider for QatKeyProvider {
         } else {
             SignatureAlgorithm::ECDSA
         };
+        let kind = OperationKind::of(&key);
+        let key = Arc::new(key);
+        let software_cost = software_cost(&signer, &key, schemes[0]);
         Ok(Arc::new(QatSigningKey {
-            key: Arc::new(key),
+            software_cost,
+            offloaded: state.offload_p256 || !kind.is_p256(),
+            kind,
+            key,
             schemes,
             algorithm,
             signer,
         }))
     }
+}
+
+/// The fastest of three software signatures with `key` in its first scheme: the least
+/// disturbed by whatever else runs. Costs three signatures once per key load.
+fn software_cost(
+    signer: &AsyncSigner,
+    key: &PKey<Private>,
+    (_, digest, padding): (SignatureScheme, &'static CStr, Padding),
+) -> Duration {
+    (0..3)
+        .map(|_| {
+            let started = Instant::now();
+            let _ = signer.sign_uncounted(key, digest, padding, b"software cost probe");
+            started.elapsed()
+        })
+        .min()
+        .unwrap_or_default()
 }
 
 /// TLS 1.3's PSS first, then PKCS#1 for TLS 1.2 clients that offer nothing else; SHA-256
@@ -90,6 +114,12 @@ const RSA_SCHEMES: &[(SignatureScheme, &CStr, Padding)] = &[
 #[derive(Debug)]
 struct QatSigningKey {
     key: Arc<PKey<Private>>,
+    kind: OperationKind,
+    /// One software signature with this key, measured at load: how long a part batch may
+    /// wait, and whether completing one pays.
+    software_cost: Duration,
+    /// Signatures go to the provider (see `QatConfig::offload_p256`).
+    offloaded: bool,
     schemes: &'static [(SignatureScheme, &'static CStr, Padding)],
     algorithm: SignatureAlgorithm,
     signer: AsyncSigner,
@@ -101,6 +131,9 @@ impl SigningKey for QatSigningKey {
             self.schemes.iter().find(|(s, _, _)| offered.contains(s))?;
         Some(Box::new(QatSigner {
             key: self.key.clone(),
+            kind: self.kind,
+            software_cost: self.software_cost,
+            offloaded: self.offloaded,
             scheme,
             digest,
             padding,
@@ -123,6 +156,9 @@ impl SigningKey for QatSigningKey {
 #[derive(Debug)]
 struct QatSigner {
     key: Arc<PKey<Private>>,
+    kind: OperationKind,
+    software_cost: Duration,
+    offloaded: bool,
     scheme: SignatureScheme,
     digest: &'static CStr,
     padding: Padding,
@@ -131,8 +167,20 @@ struct QatSigner {
 
 impl Signer for QatSigner {
     fn sign(&self, message: &[u8]) -> Result<Vec<u8>, Error> {
-        self.signer
-            .sign(&self.key, self.digest, self.padding, message)
+        let signed = if self.offloaded {
+            self.signer.sign(
+                &self.key,
+                self.kind,
+                self.software_cost,
+                self.digest,
+                self.padding,
+                message,
+            )
+        } else {
+            self.signer
+                .sign_in_software(&self.key, self.digest, self.padding, message)
+        };
+        signed
             .map(|signed| signed.signature)
             .map_err(|e| Error::General(e.to_string()))
     }

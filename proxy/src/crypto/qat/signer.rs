@@ -17,11 +17,17 @@
 //! batch sent there waits that long, costs the CPU of a full one, and shifts the count so
 //! that later full batches wait for the timer too. So the signer holds signatures of one
 //! kind (qat_sw's queue: RSA by modulus size, ECDSA by curve) until `batch` of them are
-//! there and submits them together. A part batch waits only while it can still fill: while
-//! the signatures held plus the openssl-qat handshakes accepted that have not yet asked for
-//! theirs ([`SignerStats::to_sign`]) make a batch, and at most `batch_wait`. Otherwise the
-//! held signatures are handed back and each handshake signs in software at once on its own
-//! thread ([`Outcome::Software`]), in parallel, as `openssl` would.
+//! there and submits them together. A part batch waits ([`part_batch_waits`]) while the
+//! signatures held plus the openssl-qat handshakes accepted that have not yet asked for
+//! theirs ([`SignerStats::to_sign`]) make a batch, for at most `batch_wait`, and in any case
+//! as long as one software signature of its kind takes (measured when the key is loaded):
+//! a handshake waiting that long is delayed no more than signing would delay it. When it
+//! stops waiting it is either completed with throw-away signatures, where the held ones
+//! would cost more in software than a whole batch costs ([`padding_pays`], with the
+//! fastest batch of the kind seen so far), or handed back: each handshake then signs in
+//! software on its own thread, in parallel, as `openssl` would.
+//!
+//! The signer also keeps X25519 key pairs generated ahead in full batches (see `kx`).
 //!
 //! Below a batch's worth of openssl-qat handshakes under way nothing can fill, so the
 //! signing step never leaves the thread that runs the handshake and signs in software

@@ -183,3 +183,68 @@ async fn upstream_down_is_unavailable() {
         "{m}"
     );
 }
+
+/// A gRPC upsert over the proxy's body limit, sent to a real gRPC upstream over h2c, is
+/// answered RESOURCE_EXHAUSTED naming the setting to raise (not UNAVAILABLE, which gRPC
+/// clients retry: hyper's HTTP/2 client resets the stream on the body's error and used to
+/// report only its own reset), counted as the client's error and not the upstream's; a
+/// gRPC body has no length, so the limit trips while it streams.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_oversized_grpc_upsert_is_resource_exhausted_not_unavailable() {
+    use qdrant_client::qdrant::points_client::PointsClient;
+    use qdrant_client::qdrant::{PointStruct, UpsertPointsBuilder};
+    use qdrant_client::Payload;
+    let eq = EmbeddedQdrant::start(&temp_dir("grpc-oversized"));
+    create_collection(eq.rest, "big", 1024);
+    let proxy = ProxyProcess::start(
+        &format!("http://{}", eq.grpc),
+        ProviderName::AwsLcRs,
+        CertAlgorithmName::EcdsaP256,
+        &[
+            "--upstream-protocol",
+            "h2c",
+            "--max-request-body",
+            "1000000",
+        ],
+    );
+    let mut points = PointsClient::new(channel(&proxy));
+    let upsert = |n: u64| {
+        let batch: Vec<PointStruct> = (0..n)
+            .map(|id| PointStruct::new(id, vec![0.25f32; 1024], Payload::new()))
+            .collect();
+        UpsertPointsBuilder::new("big", batch).wait(true).build()
+    };
+    // 100 points of 1024 floats: about 420 KB, under the limit.
+    points
+        .upsert(upsert(100))
+        .await
+        .expect("an upsert under the limit");
+    // 1,000 points: about 4.2 MB.
+    let err = points
+        .upsert(upsert(1_000))
+        .await
+        .expect_err("over the limit");
+    assert_eq!(err.code(), tonic::Code::ResourceExhausted, "{err:?}");
+    assert!(
+        err.message().contains("max_request_body"),
+        "names the setting: {}",
+        err.message()
+    );
+    let m = proxy.metrics();
+    assert_eq!(
+        metric_sum(
+            &m,
+            "proxy_client_errors_total",
+            &[("kind", "body_too_large")]
+        ),
+        1.0,
+        "{m}"
+    );
+    assert_eq!(
+        metric_sum(&m, "proxy_upstream_errors_total", &[]),
+        0.0,
+        "{m}"
+    );
+    // The upstream kept only the upsert under the limit.
+    assert_eq!(count_points(eq.rest, "big"), 100);
+}

@@ -4,7 +4,7 @@
 //! request's [`RequestGuard`] and upstream slot until it has been sent or abandoned.
 
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 
@@ -37,6 +37,10 @@ pub struct CappedBody {
     activity: Arc<Activity>,
     /// The access log's count of request bytes, for logged requests.
     counted: Option<Arc<AtomicU64>>,
+    /// Set when the client went over the limit: an HTTP/2 upstream connection resets the
+    /// stream on a body error and reports only its own reset, so the forwarder learns the
+    /// cause here (see [`CappedBody::flagging_over_limit`]).
+    over_limit: Option<Arc<AtomicBool>>,
     /// Drain the client's stream if it is dropped unfinished (HTTP/2 clients).
     drain_when_abandoned: bool,
     /// The client's stream is counted as unfinished on `activity` (see
@@ -80,6 +84,7 @@ impl CappedBody {
             remaining: max,
             activity,
             counted: None,
+            over_limit: None,
             drain_when_abandoned: false,
             gather: None,
         }
@@ -108,6 +113,15 @@ impl CappedBody {
     /// Adds the bytes read to `counter` as well (the access log's `bytes_in`).
     pub fn counting(mut self, counter: Option<&Arc<AtomicU64>>) -> Self {
         self.counted = counter.cloned();
+        self
+    }
+
+    /// Sets `flag` when the client goes over the limit. hyper's HTTP/2 client answers a
+    /// request body's error by resetting the stream (INTERNAL_ERROR) and returns its own
+    /// "stream error sent by user", not the body's error: without the flag a body over the
+    /// limit reads as a failed upstream, answered UNAVAILABLE, which gRPC clients retry.
+    pub fn flagging_over_limit(mut self, flag: Option<&Arc<AtomicBool>>) -> Self {
+        self.over_limit = flag.cloned();
         self
     }
 
@@ -141,6 +155,7 @@ impl CappedBody {
             remaining: max,
             activity,
             counted: None,
+            over_limit: None,
             drain_when_abandoned: false,
             gather: None,
         };
@@ -255,6 +270,9 @@ impl CappedBody {
                 if let Some(data) = frame.data_ref() {
                     let n = data.len() as u64;
                     if n > self.remaining {
+                        if let Some(flag) = &self.over_limit {
+                            flag.store(true, Ordering::Relaxed);
+                        }
                         return Poll::Ready(Some(Err(RequestBodyError::TooLarge)));
                     }
                     self.remaining -= n;

@@ -18,7 +18,7 @@
 //! a lease that did not answer ends with its attempt, before the slot.
 
 use std::borrow::Cow;
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -149,6 +149,7 @@ impl UpstreamHead {
         max_body: u64,
         client: &ForwardService,
         bytes_in: Option<&Arc<AtomicU64>>,
+        over_limit: Option<&Arc<AtomicBool>>,
     ) -> Result<(Request<CappedBody>, Option<BodyReturn>), Refusal> {
         let uri = Uri::builder()
             .scheme(lease.addr().scheme())
@@ -163,6 +164,7 @@ impl UpstreamHead {
             let (capped, back) = CappedBody::returnable(body, max_body, activity);
             let capped = capped
                 .counting(bytes_in)
+                .flagging_over_limit(over_limit)
                 .draining_when_abandoned(self.client_is_h2)
                 .gathering(self.grpc, self.gather_max);
             let head = self.parts.as_ref().expect("kept while retries remain");
@@ -177,6 +179,7 @@ impl UpstreamHead {
             head.uri = uri;
             let capped = CappedBody::new(body, max_body, activity)
                 .counting(bytes_in)
+                .flagging_over_limit(over_limit)
                 .draining_when_abandoned(self.client_is_h2)
                 .gathering(self.grpc, self.gather_max);
             Ok((Request::from_parts(head, capped), None))
@@ -256,10 +259,14 @@ impl HttpForwarder {
             // stream instead.
             let unread = (req.version() < Version::HTTP_2 && len <= LINGER_DRAIN_MAX_BYTES)
                 .then(|| req.into_body());
+            self.metrics.client_error("body_too_large");
             return Err(Refused {
                 refusal: Refusal::new(
                     Failure::RequestTooLarge,
-                    format!("request body larger than the proxy's limit of {max_body} bytes"),
+                    format!(
+                        "request body larger than the proxy's limit of {max_body} bytes \
+                         (limits.max_request_body_bytes, --max-request-body)"
+                    ),
                 ),
                 unread,
             });
@@ -317,6 +324,11 @@ impl HttpForwarder {
         let upstream_client = if use_h2c { &self.h2c } else { &self.http1 };
         // Nodes tried so far (bit i: node i).
         let mut tried = 0u64;
+        // A body the client is still sending may go over the limit on its way: how the
+        // forwarder learns that from an HTTP/2 upstream connection (see
+        // `CappedBody::flagging_over_limit`). Bodiless requests need none.
+        let over_limit =
+            (!http_body::Body::is_end_stream(&body)).then(|| Arc::new(AtomicBool::new(false)));
         loop {
             // None: every node refused the connection; the last failure was logged.
             let lease = self.pool.pick(tried).ok_or_else(|| {
@@ -334,6 +346,7 @@ impl HttpForwarder {
                 self.limits.max_request_body_bytes,
                 client,
                 log.as_deref().map(PendingRecord::bytes_in),
+                over_limit.as_ref(),
             )?;
             let sent = Instant::now();
             let result = tokio::time::timeout(
@@ -355,7 +368,14 @@ impl HttpForwarder {
                     ));
                 }
                 Ok(Err(e)) => {
-                    let failure = classify(&e);
+                    let failure = if over_limit
+                        .as_ref()
+                        .is_some_and(|f| f.load(Ordering::Relaxed))
+                    {
+                        Failure::RequestTooLarge
+                    } else {
+                        classify(&e)
+                    };
                     if e.is_connect() {
                         self.pool.connect_failed(&lease);
                         if let Some(back) = body_return.as_ref().and_then(BodyReturn::take_back) {
@@ -394,11 +414,15 @@ impl HttpForwarder {
         e: &hyper_util::client::legacy::Error,
     ) -> Refusal {
         let message: Cow<'static, str> = match failure {
-            Failure::RequestTooLarge => format!(
-                "request body larger than the proxy's limit of {} bytes",
-                self.limits.max_request_body_bytes
-            )
-            .into(),
+            Failure::RequestTooLarge => {
+                self.metrics.client_error("body_too_large");
+                format!(
+                    "request body larger than the proxy's limit of {} bytes \
+                     (limits.max_request_body_bytes, --max-request-body)",
+                    self.limits.max_request_body_bytes
+                )
+                .into()
+            }
             Failure::ClientBody => {
                 self.metrics.client_error("body");
                 "the request body was malformed or cut off".into()

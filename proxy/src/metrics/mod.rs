@@ -370,7 +370,7 @@ impl Metrics {
         );
         let client_errors = r.counter_vec(
             "proxy_client_errors_total",
-            "Requests refused or cut for the client's fault, by kind (body: a malformed or cut body; method: CONNECT).",
+            "Requests refused or cut for the client's fault, by kind (body: a malformed or cut body; body_too_large: over limits.max_request_body_bytes; method: CONNECT).",
             &["listener", "kind"],
         );
         let buffer_budget = r.gauge(

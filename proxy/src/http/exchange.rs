@@ -138,7 +138,7 @@ impl UpstreamHead {
     }
 
     /// The request to `lease`'s node, with the client's body capped at `max_body` bytes
-    /// and counted in `bytes_in`. With `retryable`, the head is copied and the body kept
+    /// and watched by `watch`. With `retryable`, the head is copied and the body kept
     /// returnable (the [`BodyReturn`]) so a failed connect can go elsewhere; otherwise both
     /// are taken as they are.
     fn request(
@@ -148,9 +148,12 @@ impl UpstreamHead {
         retryable: bool,
         max_body: u64,
         client: &ForwardService,
-        bytes_in: Option<&Arc<AtomicU64>>,
-        over_limit: Option<&Arc<AtomicBool>>,
+        watch: BodyWatch<'_>,
     ) -> Result<(Request<CappedBody>, Option<BodyReturn>), Refusal> {
+        let BodyWatch {
+            bytes_in,
+            over_limit,
+        } = watch;
         let uri = Uri::builder()
             .scheme(lease.addr().scheme())
             .authority(lease.addr().authority.clone())
@@ -185,6 +188,13 @@ impl UpstreamHead {
             Ok((Request::from_parts(head, capped), None))
         }
     }
+}
+
+/// What watches a request body on its way up: the access log's byte count, and the flag
+/// its going over the limit sets (see `CappedBody::flagging_over_limit`).
+struct BodyWatch<'a> {
+    bytes_in: Option<&'a Arc<AtomicU64>>,
+    over_limit: Option<&'a Arc<AtomicBool>>,
 }
 
 impl HttpForwarder {
@@ -345,8 +355,10 @@ impl HttpForwarder {
                 retryable,
                 self.limits.max_request_body_bytes,
                 client,
-                log.as_deref().map(PendingRecord::bytes_in),
-                over_limit.as_ref(),
+                BodyWatch {
+                    bytes_in: log.as_deref().map(PendingRecord::bytes_in),
+                    over_limit: over_limit.as_ref(),
+                },
             )?;
             let sent = Instant::now();
             let result = tokio::time::timeout(

@@ -5,12 +5,16 @@
 #                       gRPC via grpcio)
 #   $DIR/sslyze:        sslyze, whose --mozilla_config checks a server against Mozilla's
 #                       TLS guidelines
+#   $DIR/milvus:        Milvus Lite (milvus-lite server: Milvus's gRPC API, the database
+#                       behind the proxy) and pymilvus, Milvus's own client
 # DIR is $INTEROP_CLIENTS, else ~/.cache/vector-tls-proxy/interop. Idempotent.
 set -euo pipefail
 dir="${INTEROP_CLIENTS:-$HOME/.cache/vector-tls-proxy/interop}"
 python=${PYTHON:-python3}
 qdrant_client_version=1.20.0
 sslyze_version=6.3.1
+milvus_lite_version=3.2.2
+pymilvus_version=3.0.2
 mkdir -p "$dir"
 if ! "$python" -c "import venv, ensurepip" 2>/dev/null && command -v apt-get >/dev/null; then
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv >/dev/null
@@ -26,4 +30,10 @@ if [ "$("$dir/sslyze/bin/pip" show sslyze 2>/dev/null | sed -n 's/^Version: //p'
   "$python" -m venv "$dir/sslyze"
   "$dir/sslyze/bin/pip" install -q "sslyze==$sslyze_version"
 fi
-echo "interop clients in $dir: qdrant-client $("$dir/qdrant-client/bin/pip" show qdrant-client | sed -n 's/^Version: //p'), sslyze $("$dir/sslyze/bin/pip" show sslyze | sed -n 's/^Version: //p')"
+if [ "$("$dir/milvus/bin/pip" show milvus-lite 2>/dev/null | sed -n 's/^Version: //p')" != "$milvus_lite_version" ] \
+  || [ "$("$dir/milvus/bin/pip" show pymilvus 2>/dev/null | sed -n 's/^Version: //p')" != "$pymilvus_version" ]; then
+  rm -rf "$dir/milvus"
+  "$python" -m venv "$dir/milvus"
+  "$dir/milvus/bin/pip" install -q "milvus-lite==$milvus_lite_version" "pymilvus==$pymilvus_version"
+fi
+echo "interop clients in $dir: qdrant-client $("$dir/qdrant-client/bin/pip" show qdrant-client | sed -n 's/^Version: //p'), sslyze $("$dir/sslyze/bin/pip" show sslyze | sed -n 's/^Version: //p'), milvus-lite $milvus_lite_version, pymilvus $pymilvus_version"

@@ -27,6 +27,9 @@ use crate::result::{Cell, CellFailure, FAILURE_SCHEMA};
 use crate::result::{CellProvider, OnOff, TlsVersion};
 use crate::run::{self, RunArgs};
 
+mod qat;
+use qat::{find_qat_provider, DEFAULT_CONCURRENCY, QAT_CONCURRENCY, QAT_INSTALL_DIRS};
+
 /// How long each cell runs, and how many rounds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, ValueEnum)]
 #[serde(rename_all = "lowercase")]
@@ -207,34 +210,6 @@ fn redact_run_args<S: serde::Serializer>(v: &[String], s: S) -> Result<S::Ok, S:
         seq.serialize_element(&shown)?;
     }
     seq.end()
-}
-
-/// Where QAT_Engine's `make install` puts the provider (deploy/QAT.md): its default prefix
-/// and the Debian/Ubuntu OpenSSL module directory.
-const QAT_INSTALL_DIRS: [&str; 3] = [
-    "/usr/local/lib64/ossl-modules",
-    "/usr/local/lib/ossl-modules",
-    "/usr/lib/x86_64-linux-gnu/ossl-modules",
-];
-
-/// The concurrency of a matrix without openssl-qat: the quick profile's few workers.
-const DEFAULT_CONCURRENCY: usize = 4;
-/// The concurrency of a matrix with openssl-qat: the study's 32 clients, enough
-/// handshakes at once for qat_sw's batches of eight to fill.
-const QAT_CONCURRENCY: usize = 32;
-
-/// The directory holding an installed `qatprovider.so`: `named`, else the first of
-/// QAT_PROVIDER_DIR, OPENSSL_MODULES and the install directories deploy/QAT.md names
-/// that holds one.
-pub fn find_qat_provider(named: Option<&Path>) -> Option<PathBuf> {
-    if let Some(dir) = named {
-        return Some(dir.to_owned());
-    }
-    ["QAT_PROVIDER_DIR", "OPENSSL_MODULES"]
-        .iter()
-        .filter_map(|var| std::env::var_os(var).map(PathBuf::from))
-        .chain(QAT_INSTALL_DIRS.iter().map(PathBuf::from))
-        .find(|dir| dir.join("qatprovider.so").is_file())
 }
 
 impl CompareArgs {

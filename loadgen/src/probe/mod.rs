@@ -312,10 +312,8 @@ impl Running {
             (Some((url, opts)), Some(Ok(before))) => match proxy_metrics::scrape(url, opts).await {
                 Ok(after) => {
                     let handshakes = after.handshakes_ok - before.handshakes_ok;
-                    let cpu = match (before.cpu_seconds, after.cpu_seconds) {
-                        (Some(b), Some(a)) => Some(a - b),
-                        _ => None,
-                    };
+                    let cpu = since(before.cpu_seconds, after.cpu_seconds)
+                        .filter(|_| before.cpu_seconds.is_some());
                     let delta = ProxyMetricsDelta {
                         handshakes,
                         resumed_handshakes: after.handshakes_resumed - before.handshakes_resumed,
@@ -326,15 +324,12 @@ impl Running {
                         cpu_seconds_per_handshake: cpu
                             .filter(|_| handshakes > 0.0)
                             .map(|c| c / handshakes),
-                        qat_signatures_offloaded: after
-                            .qat_offloaded
-                            .map(|a| a - before.qat_offloaded.unwrap_or(0.0)),
-                        qat_signatures_not_offloaded: after
-                            .qat_not_offloaded
-                            .map(|a| a - before.qat_not_offloaded.unwrap_or(0.0)),
-                        qat_padding_signatures: after
-                            .qat_padding
-                            .map(|a| a - before.qat_padding.unwrap_or(0.0)),
+                        qat_signatures_offloaded: since(before.qat_offloaded, after.qat_offloaded),
+                        qat_signatures_not_offloaded: since(
+                            before.qat_not_offloaded,
+                            after.qat_not_offloaded,
+                        ),
+                        qat_padding_signatures: since(before.qat_padding, after.qat_padding),
                         qat_mode: after.qat_mode.as_ref().map(|(m, _)| m.clone()),
                         qat_batch: after.qat_mode.as_ref().map(|(_, b)| *b),
                     };
@@ -381,4 +376,9 @@ pub struct Finished {
     pub proxy_listeners: Vec<std::collections::BTreeMap<String, String>>,
     /// What a reader of the figures must know.
     pub warnings: Vec<String>,
+}
+
+/// A counter's growth between two scrapes; None when the second has no such counter.
+fn since(before: Option<f64>, after: Option<f64>) -> Option<f64> {
+    after.map(|a| a - before.unwrap_or(0.0))
 }

@@ -284,7 +284,7 @@ impl Provider {
             // provider inside the offload step (openssl-qat): rustls-openssl's lands in the
             // QAT provider outside any job (see `qat::kx`).
             let x25519: &'static dyn SupportedKxGroup = match name {
-                ProviderName::OpensslQat => &super::qat::kx::QAT_X25519,
+                ProviderName::OpensslQat => &super::qat::key::QAT_X25519,
                 _ => &super::qat::kx::SOFTWARE_X25519,
             };
             for group in all_groups.iter_mut().chain(crypto.kx_groups.iter_mut()) {

@@ -12,6 +12,7 @@ use openssl_sys as sys;
 use super::cstring;
 
 extern "C" {
+    fn EVP_PKEY_CTX_get0_provider(ctx: *const sys::EVP_PKEY_CTX) -> *const sys::OSSL_PROVIDER;
     fn OSSL_PARAM_construct_utf8_ptr(
         key: *const std::os::raw::c_char,
         buf: *mut *mut std::os::raw::c_char,
@@ -107,4 +108,10 @@ pub(super) fn set_default_properties(query: &str) -> Result<(), String> {
     } else {
         Err(openssl_errors())
     }
+}
+
+/// The provider an operation context was fetched from.
+pub(super) fn pkey_ctx_provider(ctx: *mut sys::EVP_PKEY_CTX) -> *const sys::OSSL_PROVIDER {
+    // SAFETY: a live context; the provider pointer is OpenSSL's, alive for the process.
+    unsafe { EVP_PKEY_CTX_get0_provider(ctx) }
 }

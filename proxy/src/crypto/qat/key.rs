@@ -1,6 +1,7 @@
-//! The rustls side of openssl-qat signing: a `KeyProvider` whose keys sign through the
-//! process's [`AsyncSigner`], so that a handshake's signature
-//! (and nothing else) goes to the QAT provider, asynchronously and batched.
+//! The rustls side of openssl-qat: a `KeyProvider` whose keys sign through the process's
+//! [`AsyncSigner`], so that a handshake's signature goes to the QAT provider,
+//! asynchronously and batched, and an X25519 group whose key pairs come from the signer's
+//! stock, generated ahead in provider batches ([`QAT_X25519`]).
 
 use std::ffi::CStr;
 use std::sync::Arc;
@@ -8,11 +9,12 @@ use std::time::{Duration, Instant};
 
 use openssl::nid::Nid;
 use openssl::pkey::{Id, PKey, Private};
-use rustls::crypto::KeyProvider;
+use rustls::crypto::{ActiveKeyExchange, KeyProvider, SupportedKxGroup};
 use rustls::pki_types::{PrivateKeyDer, SubjectPublicKeyInfoDer};
 use rustls::sign::{Signer, SigningKey};
-use rustls::{Error, SignatureAlgorithm, SignatureScheme};
+use rustls::{Error, NamedGroup, SignatureAlgorithm, SignatureScheme};
 
+use super::kx::{SoftwareKeyExchange, SOFTWARE_X25519};
 use super::signer::{AsyncSigner, OperationKind, Padding};
 
 /// Loads private keys whose signatures run on the QAT signer. Used as the `key_provider`
@@ -187,5 +189,27 @@ impl Signer for QatSigner {
 
     fn scheme(&self) -> SignatureScheme {
         self.scheme
+    }
+}
+
+/// X25519 for openssl-qat listeners: key pairs generated ahead in QAT provider batches
+/// (the signer's stock), taken without waiting; the agreement on OpenSSL's default
+/// provider. An empty stock falls back to [`SOFTWARE_X25519`].
+#[derive(Debug)]
+pub struct QatX25519;
+
+/// The one instance.
+pub static QAT_X25519: QatX25519 = QatX25519;
+
+impl SupportedKxGroup for QatX25519 {
+    fn start(&self) -> Result<Box<dyn ActiveKeyExchange>, Error> {
+        let Some(pair) = super::active().and_then(|state| state.signer().take_x25519()) else {
+            return SOFTWARE_X25519.start();
+        };
+        Ok(Box::new(SoftwareKeyExchange::from_pair(&pair)?))
+    }
+
+    fn name(&self) -> NamedGroup {
+        NamedGroup::X25519
     }
 }

@@ -9,7 +9,7 @@
 //! OpenSSL listener of a process with the QAT provider loaded uses [`SOFTWARE_X25519`],
 //! whose fetches name `provider=default` outright.
 //!
-//! openssl-qat listeners use [`QAT_X25519`]. A server's ephemeral key does not depend on
+//! openssl-qat listeners use [`QAT_X25519`](super::key::QAT_X25519). A server's ephemeral key does not depend on
 //! the client, so the QAT signer generates key pairs ahead, eight at a time in one provider
 //! batch, and a handshake takes one without waiting, on whatever thread it runs; only the
 //! agreement, which needs the client's share, runs in software. Handing the agreement to
@@ -160,7 +160,7 @@ fn agree(
         {
             return Err(failed("agreement cannot start"));
         }
-        let provider = super::signer::pkey_ctx_provider(ctx.0);
+        let provider = super::ffi::pkey_ctx_provider(ctx.0);
         let mut secret = [0u8; X25519_LEN];
         let mut len = X25519_LEN;
         if sys::EVP_PKEY_derive(ctx.0, secret.as_mut_ptr(), &mut len) != 1 || len != X25519_LEN {
@@ -239,9 +239,19 @@ pub struct SoftwareX25519;
 pub static SOFTWARE_X25519: SoftwareX25519 = SoftwareX25519;
 
 #[derive(Debug)]
-struct SoftwareKeyExchange {
+pub(super) struct SoftwareKeyExchange {
     key: Key,
     public_key: [u8; X25519_LEN],
+}
+
+impl SoftwareKeyExchange {
+    /// An exchange with a key pair from the stock (see `QatX25519` in `key`).
+    pub(super) fn from_pair(pair: &RawKeyPair) -> Result<Self, Error> {
+        Ok(Self {
+            key: from_raw(pair).map_err(Error::General)?,
+            public_key: pair.public_key,
+        })
+    }
 }
 
 impl SupportedKxGroup for SoftwareX25519 {
@@ -276,32 +286,6 @@ impl ActiveKeyExchange for SoftwareKeyExchange {
 fn peer_misbehaved(detail: String) -> rustls::PeerMisbehaved {
     tracing::debug!(%detail, "X25519 agreement refused");
     rustls::PeerMisbehaved::InvalidKeyShare
-}
-
-/// X25519 for openssl-qat listeners: key pairs generated ahead in QAT provider batches
-/// (the signer's stock), taken without waiting; the agreement on OpenSSL's default
-/// provider. An empty stock falls back to [`SOFTWARE_X25519`].
-#[derive(Debug)]
-pub struct QatX25519;
-
-/// The one instance.
-pub static QAT_X25519: QatX25519 = QatX25519;
-
-impl SupportedKxGroup for QatX25519 {
-    fn start(&self) -> Result<Box<dyn ActiveKeyExchange>, Error> {
-        let Some(pair) = super::active().and_then(|state| state.signer().take_x25519()) else {
-            return SOFTWARE_X25519.start();
-        };
-        let key = from_raw(&pair).map_err(Error::General)?;
-        Ok(Box::new(SoftwareKeyExchange {
-            key,
-            public_key: pair.public_key,
-        }))
-    }
-
-    fn name(&self) -> NamedGroup {
-        NamedGroup::X25519
-    }
 }
 
 #[cfg(test)]

@@ -1,0 +1,458 @@
+//! The signer thread: the ASYNC jobs in their slots, the part batches it forms per kind,
+//! the groups it submits whole, the provider's wake-ups, and the key stock's refills.
+#![allow(unsafe_code)]
+
+use std::collections::VecDeque;
+use std::ffi::{c_void, CString};
+use std::os::raw::c_int;
+use std::ptr;
+use std::sync::atomic::Ordering;
+use std::sync::mpsc;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::job::{
+    finish, sign_job, ASYNC_WAIT_CTX_get_status, ASYNC_WAIT_CTX_new, ASYNC_WAIT_CTX_set_callback,
+    ASYNC_WAIT_CTX_set_status, ASYNC_init_thread, ASYNC_start_job, Answer, AsyncJob, AsyncWaitCtx,
+    Message, Output, Request, Work, ASYNC_ERR, ASYNC_FINISH, ASYNC_NO_JOBS, ASYNC_PAUSE,
+    ASYNC_STATUS_EAGAIN, ASYNC_STATUS_OK,
+};
+use super::kinds::{
+    padding_pays, part_batch_waits, KeyStock, OperationKind, ProviderRef, SignerStats,
+    KEY_STOCK_BATCHES,
+};
+
+/// How soon a job the provider turned away (no free request slot) is tried again.
+pub(super) const RETRY_TICK: Duration = Duration::from_micros(50);
+
+/// What the provider's callback needs to wake a slot: where to send, which slot. One per
+/// slot, never freed (see `SignerThread::new`).
+pub(super) struct Wake {
+    tx: mpsc::Sender<Message>,
+    slot: usize,
+}
+
+pub(super) extern "C" fn wake_slot(arg: *mut c_void) -> c_int {
+    // SAFETY: `arg` is a `Wake` leaked in `SignerThread::new`, alive for the process.
+    let wake = unsafe { &*(arg as *const Wake) };
+    // The signer may be gone at exit; nothing is waiting then.
+    let _ = wake.tx.send(Message::Resume(wake.slot));
+    1
+}
+
+pub(super) struct Slot {
+    job: *mut AsyncJob,
+    ctx: *mut AsyncWaitCtx,
+    request: Option<Box<Request>>,
+    paused: bool,
+}
+
+/// Signatures of one kind held until they make a batch.
+pub(super) struct PartBatch {
+    kind: OperationKind,
+    #[allow(clippy::vec_box)] // boxed one by one: see `Message::SignGroup`
+    held: Vec<Box<Request>>,
+    /// When the oldest of `held` arrived.
+    since: Instant,
+    /// One software signature of its kind (see [`part_batch_waits`]).
+    software_cost: Duration,
+}
+
+impl PartBatch {
+    /// The latest it waits, whatever else happens.
+    fn deadline(&self, batch_wait: Duration) -> Instant {
+        self.since + batch_wait.max(self.software_cost)
+    }
+}
+
+pub(super) struct SignerThread {
+    slots: Vec<Slot>,
+    free: Vec<usize>,
+    batch: usize,
+    batch_wait: Duration,
+    /// Part batches, one per kind with signatures held.
+    forming: Vec<PartBatch>,
+    /// Groups for the provider waiting for enough free slots; each is submitted whole, so
+    /// that qat_sw sees its eighth request arrive at once.
+    #[allow(clippy::vec_box)]
+    ready: VecDeque<Vec<Box<Request>>>,
+    retry: Vec<usize>,
+    stats: Arc<SignerStats>,
+    keys: Arc<KeyStock>,
+    /// The query key generations for the stock are fetched with.
+    property_query: Arc<CString>,
+    /// Key generations of the stock's batch still under way.
+    keys_coming: usize,
+    /// The fastest a full batch of each kind took, from submission to its signatures: what
+    /// completing a part batch with throw-away signatures costs (the fastest, because the
+    /// provider's thread computes a batch alone, and any longer time is waiting for a CPU).
+    batch_costs: Vec<(OperationKind, Duration)>,
+    wakes: Vec<*mut Wake>,
+}
+
+// SAFETY: the raw pointers are created for the signer thread and only used there; the
+// struct is moved into that thread before any of them is touched.
+unsafe impl Send for SignerThread {}
+
+impl SignerThread {
+    pub(super) fn new(
+        tx: mpsc::Sender<Message>,
+        slots: usize,
+        batch: usize,
+        batch_wait: Duration,
+        stats: Arc<SignerStats>,
+        keys: Arc<KeyStock>,
+        property_query: Arc<CString>,
+    ) -> Self {
+        // The provider may call a slot's callback late (after the job already saw its
+        // result and finished); a stale wake-up only makes us resume an idle slot, which is
+        // ignored, so the callback arguments must outlive every job: they are leaked, a few
+        // dozen bytes per slot, once per process.
+        let wakes = (0..slots)
+            .map(|slot| {
+                Box::into_raw(Box::new(Wake {
+                    tx: tx.clone(),
+                    slot,
+                }))
+            })
+            .collect();
+        Self {
+            slots: Vec::with_capacity(slots),
+            free: (0..slots).rev().collect(),
+            batch,
+            batch_wait,
+            forming: Vec::new(),
+            ready: VecDeque::new(),
+            retry: Vec::new(),
+            stats,
+            keys,
+            property_query,
+            keys_coming: 0,
+            batch_costs: Vec::new(),
+            wakes,
+        }
+    }
+
+    pub(super) fn run(
+        mut self,
+        rx: mpsc::Receiver<Message>,
+        ready: mpsc::SyncSender<Result<(), String>>,
+    ) {
+        let n = self.wakes.len();
+        // SAFETY: plain calls with sizes; the contexts are owned by this thread's slots.
+        let init = unsafe { ASYNC_init_thread(n, n) } == 1;
+        if !init {
+            let _ = ready.send(Err(
+                "OpenSSL's ASYNC_init_thread failed: asynchronous jobs are unavailable".into(),
+            ));
+            return;
+        }
+        for (i, wake) in self.wakes.iter().enumerate() {
+            // SAFETY: a fresh context; the callback argument lives for the process.
+            let ctx = unsafe { ASYNC_WAIT_CTX_new() };
+            if ctx.is_null()
+                || unsafe { ASYNC_WAIT_CTX_set_callback(ctx, wake_slot, *wake as *mut c_void) } != 1
+            {
+                let _ = ready.send(Err(format!("cannot create OpenSSL ASYNC wait context {i}")));
+                return;
+            }
+            self.slots.push(Slot {
+                job: ptr::null_mut(),
+                ctx,
+                request: None,
+                paused: false,
+            });
+        }
+        let _ = ready.send(Ok(()));
+        // The first handshakes find key pairs ready.
+        self.keys.refilling.store(true, Ordering::Release);
+        self.refill_keys();
+        loop {
+            // Sleep until a message, or until the next part batch runs out of time, or (jobs
+            // the provider turned away for want of a free request slot) a moment for its
+            // poller before they are tried again.
+            let deadline = self
+                .forming
+                .iter()
+                .map(|p| p.deadline(self.batch_wait))
+                .min();
+            let timeout = match (deadline, self.retry.is_empty()) {
+                (None, true) => None,
+                (None, false) => Some(RETRY_TICK),
+                (Some(d), retry) => {
+                    let left = d.saturating_duration_since(Instant::now());
+                    Some(if retry { left.min(RETRY_TICK) } else { left })
+                }
+            };
+            let message = match timeout {
+                None => match rx.recv() {
+                    Ok(m) => Some(m),
+                    Err(_) => return, // every AsyncSigner handle is gone
+                },
+                Some(t) => match rx.recv_timeout(t) {
+                    Ok(m) => Some(m),
+                    Err(mpsc::RecvTimeoutError::Timeout) => None,
+                    Err(mpsc::RecvTimeoutError::Disconnected) => return,
+                },
+            };
+            if let Some(m) = message {
+                self.handle(m);
+            }
+            while let Ok(m) = rx.try_recv() {
+                self.handle(m);
+            }
+            self.review_part_batches();
+            for slot in std::mem::take(&mut self.retry) {
+                self.stats.retries.fetch_add(1, Ordering::Relaxed);
+                self.step(slot);
+            }
+        }
+    }
+
+    /// Hands back every part batch that can no longer fill in time: its signatures are
+    /// made in software by the handshakes that asked for them, in parallel.
+    fn review_part_batches(&mut self) {
+        let now = Instant::now();
+        let to_come = self.stats.to_sign.load(Ordering::Relaxed);
+        let batch = self.batch;
+        let mut i = 0;
+        while i < self.forming.len() {
+            let part = &self.forming[i];
+            if part_batch_waits(
+                part.held.len(),
+                to_come,
+                batch,
+                now.duration_since(part.since),
+                self.batch_wait,
+                part.software_cost,
+            ) {
+                i += 1;
+                continue;
+            }
+            let mut part = self.forming.swap_remove(i);
+            self.stats
+                .held
+                .fetch_sub(part.held.len() as i64, Ordering::Relaxed);
+            let batch_cost = self
+                .batch_costs
+                .iter()
+                .find(|(k, _)| *k == part.kind)
+                .map(|(_, c)| *c);
+            if padding_pays(part.held.len(), part.held[0].software_cost, batch_cost) {
+                // The held signatures in software would cost more than a whole batch:
+                // complete it with throw-away copies of the first one.
+                let first = &part.held[0];
+                let fill: Vec<Box<Request>> = (part.held.len()..batch)
+                    .map(|_| first.throwaway_copy())
+                    .collect();
+                self.stats
+                    .padding
+                    .fetch_add(fill.len() as u64, Ordering::Relaxed);
+                part.held.extend(fill);
+                self.stats.batches.fetch_add(1, Ordering::Relaxed);
+                self.ready.push_back(part.held);
+                self.submit_ready();
+                continue;
+            }
+            self.stats.released.fetch_add(1, Ordering::Relaxed);
+            for request in part.held {
+                if let Some(reply) = &request.reply {
+                    let _ = reply.send(Answer::SignInSoftware);
+                }
+            }
+        }
+    }
+
+    /// Adds a handshake's signature to the part batch of its kind; a batch that is full
+    /// goes to the provider whole.
+    fn hold(&mut self, request: Box<Request>) {
+        let kind = request.kind;
+        let at = match self.forming.iter().position(|p| p.kind == kind) {
+            Some(at) => at,
+            None => {
+                self.forming.push(PartBatch {
+                    kind,
+                    held: Vec::with_capacity(self.batch),
+                    since: Instant::now(),
+                    software_cost: request.software_cost,
+                });
+                self.forming.len() - 1
+            }
+        };
+        self.forming[at].held.push(request);
+        if self.forming[at].held.len() < self.batch {
+            self.stats.held.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        let full = self.forming.swap_remove(at);
+        self.stats
+            .held
+            .fetch_sub(full.held.len() as i64 - 1, Ordering::Relaxed);
+        self.stats.batches.fetch_add(1, Ordering::Relaxed);
+        self.ready.push_back(full.held);
+        self.submit_ready();
+    }
+
+    /// Submits waiting groups, each whole, while there are slots for it.
+    fn submit_ready(&mut self) {
+        while self
+            .ready
+            .front()
+            .is_some_and(|group| group.len() <= self.free.len())
+        {
+            let now = Instant::now();
+            for mut request in self.ready.pop_front().expect("checked above") {
+                request.submitted = Some(now);
+                let slot = self.free.pop().expect("counted above");
+                self.slots[slot].request = Some(request);
+                self.slots[slot].paused = false;
+                self.step(slot);
+            }
+        }
+    }
+
+    /// Generates batches of X25519 key pairs until the stock is full, unless some are
+    /// under way already.
+    fn refill_keys(&mut self) {
+        let stocked = self
+            .keys
+            .pairs
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .len();
+        let missing = (KEY_STOCK_BATCHES * self.batch).saturating_sub(stocked);
+        if self.keys_coming > 0 || missing < self.batch {
+            self.keys.refilling.store(false, Ordering::Release);
+            return;
+        }
+        for _ in 0..missing / self.batch {
+            let group = (0..self.batch)
+                .map(|_| {
+                    Box::new(Request {
+                        kind: OperationKind::X25519,
+                        work: Work::X25519Keygen,
+                        software_cost: Duration::ZERO,
+                        submitted: None,
+                        property_query: self.property_query.clone(),
+                        output: Output::None,
+                        provider: ProviderRef(ptr::null()),
+                        error: None,
+                        reply: None,
+                    })
+                })
+                .collect();
+            self.keys_coming += self.batch;
+            self.ready.push_back(group);
+        }
+        self.submit_ready();
+    }
+
+    fn handle(&mut self, message: Message) {
+        match message {
+            Message::Sign(request) if self.batch == 1 => {
+                // Nothing to form (QAT hardware): straight to the provider.
+                self.stats.batches.fetch_add(1, Ordering::Relaxed);
+                self.ready.push_back(vec![request]);
+                self.submit_ready();
+            }
+            Message::Sign(request) => self.hold(request),
+            Message::SignGroup(requests) => {
+                self.ready.push_back(requests);
+                self.submit_ready();
+            }
+            Message::Resume(slot) => {
+                // A wake-up for an idle slot is stale (see `new`).
+                if self.slots[slot].request.is_some() && !self.slots[slot].job.is_null() {
+                    self.step(slot);
+                }
+            }
+            // `run` reviews the part batches after every round of messages.
+            Message::Review => {}
+            Message::RefillKeys => self.refill_keys(),
+        }
+    }
+
+    /// Hands a finished job's outcome to whoever waits for it: a handshake, or the stock.
+    fn finished(&mut self, request: Box<Request>, paused: bool, ok: bool) {
+        if let (Some(submitted), true) = (request.submitted, paused) {
+            // Every job of a batch finishes when the batch does: each one's time is the
+            // batch's (the start-up proof's batch is the first measured).
+            let took = submitted.elapsed();
+            match self
+                .batch_costs
+                .iter_mut()
+                .find(|(k, _)| *k == request.kind)
+            {
+                Some((_, cost)) => *cost = (*cost).min(took),
+                None => self.batch_costs.push((request.kind, took)),
+            }
+        }
+        let stock = matches!(request.work, Work::X25519Keygen);
+        finish(request, paused, ok, &self.keys, &self.stats);
+        if stock {
+            self.keys_coming -= 1;
+            if self.keys_coming == 0 {
+                // Asked again by the next handshake that finds the stock low.
+                self.keys.refilling.store(false, Ordering::Release);
+            }
+        }
+    }
+
+    /// Starts or resumes the job in `slot`.
+    fn step(&mut self, slot: usize) {
+        let s = &mut self.slots[slot];
+        let Some(request) = s.request.as_mut() else {
+            return;
+        };
+        let mut arg: *mut Request = &mut **request;
+        let mut ret: c_int = 0;
+        // SAFETY: `s.job` is null (start) or the paused job of this slot (resume); `s.ctx`
+        // is this slot's wait context. OpenSSL copies `arg` (the pointer itself) into the
+        // job; the request it points to stays in the slot until the job has finished.
+        let status = unsafe {
+            ASYNC_WAIT_CTX_set_status(s.ctx, ASYNC_STATUS_OK);
+            ASYNC_start_job(
+                &mut s.job,
+                s.ctx,
+                &mut ret,
+                sign_job,
+                (&mut arg as *mut *mut Request).cast(),
+                std::mem::size_of::<*mut Request>(),
+            )
+        };
+        match status {
+            ASYNC_PAUSE => {
+                s.paused = true;
+                // SAFETY: the slot's live context.
+                if unsafe { ASYNC_WAIT_CTX_get_status(s.ctx) } == ASYNC_STATUS_EAGAIN {
+                    self.retry.push(slot);
+                }
+            }
+            ASYNC_FINISH => {
+                s.job = ptr::null_mut();
+                let paused = s.paused;
+                let request = s.request.take().expect("checked above");
+                self.free.push(slot);
+                self.finished(request, paused, ret == 1);
+                self.submit_ready();
+            }
+            ASYNC_NO_JOBS => {
+                // Cannot happen with as many slots as the pool has jobs; requeue if it does.
+                let request = s.request.take().expect("checked above");
+                self.free.push(slot);
+                self.ready.push_front(vec![request]);
+            }
+            other => {
+                debug_assert_eq!(other, ASYNC_ERR);
+                s.job = ptr::null_mut();
+                let mut request = s.request.take().expect("checked above");
+                self.free.push(slot);
+                request.error = Some(format!(
+                    "ASYNC_start_job failed: {}",
+                    super::super::ffi::openssl_errors()
+                ));
+                self.finished(request, false, false);
+            }
+        }
+    }
+}

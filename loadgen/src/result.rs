@@ -234,9 +234,9 @@ pub struct ProxyMetricsDelta {
     /// openssl-qat: the other signatures (in software at low load, inline, failed).
     #[serde(default)]
     pub qat_signatures_not_offloaded: Option<f64>,
-    /// openssl-qat: throw-away signatures that completed part batches during the run.
+    /// openssl-qat: part batches submitted to the provider as they were during the run.
     #[serde(default)]
-    pub qat_padding_signatures: Option<f64>,
+    pub qat_part_batches: Option<f64>,
     /// openssl-qat: what computed the provider's work: `qat_sw` (QAT_Engine's software
     /// mode) or `qat_hw` (a QuickAssist device).
     #[serde(default)]

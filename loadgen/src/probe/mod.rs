@@ -329,7 +329,7 @@ impl Running {
                             before.qat_not_offloaded,
                             after.qat_not_offloaded,
                         ),
-                        qat_padding_signatures: since(before.qat_padding, after.qat_padding),
+                        qat_part_batches: since(before.qat_part_batches, after.qat_part_batches),
                         qat_mode: after.qat_mode.as_ref().map(|(m, _)| m.clone()),
                         qat_batch: after.qat_mode.as_ref().map(|(_, b)| *b),
                     };

@@ -27,8 +27,8 @@ pub struct Snapshot {
     pub qat_offloaded: Option<f64>,
     /// openssl-qat: all the other signatures (in software at low load, inline, failed).
     pub qat_not_offloaded: Option<f64>,
-    /// openssl-qat: throw-away signatures that completed part batches.
-    pub qat_padding: Option<f64>,
+    /// openssl-qat: part batches submitted as they were.
+    pub qat_part_batches: Option<f64>,
     /// openssl-qat: what computes the provider's work (`qat_sw`, `qat_hw`) and the batch.
     pub qat_mode: Option<(String, u32)>,
     /// Labels of `proxy_listener_info` series: provider, algorithm, mode, offload.
@@ -72,7 +72,7 @@ pub fn parse(text: &str) -> Snapshot {
             "proxy_http_requests_total" => s.requests += value,
             "process_cpu_seconds_total" => s.cpu_seconds = Some(value),
             "proxy_listener_info" => s.listeners.push(labels),
-            "proxy_qat_padding_signatures_total" => s.qat_padding = Some(value),
+            "proxy_qat_part_batches_submitted_total" => s.qat_part_batches = Some(value),
             "proxy_qat_provider_info" if value > 0.0 => {
                 s.qat_mode = Some((
                     labels.get("mode").cloned().unwrap_or_default(),
@@ -142,10 +142,10 @@ proxy_listener_info{algorithm="rsa2048",handshake_offload="inline",listener="res
         assert_eq!(qat.qat_offloaded, Some(40.0));
         let info = parse(
             "proxy_qat_provider_info{batch=\"8\",mode=\"qat_sw\",provider=\"qatprovider\"} 1\n\
-             proxy_qat_padding_signatures_total 5\n",
+             proxy_qat_part_batches_submitted_total 5\n",
         );
         assert_eq!(info.qat_mode, Some(("qat_sw".to_owned(), 8)));
-        assert_eq!(info.qat_padding, Some(5.0));
+        assert_eq!(info.qat_part_batches, Some(5.0));
         assert_eq!(qat.qat_not_offloaded, Some(10.0));
     }
 }

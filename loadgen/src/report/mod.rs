@@ -274,9 +274,9 @@ pub fn bound(r: &RunResult) -> String {
             _ => String::new(),
         };
         let padding = p
-            .qat_padding_signatures
+            .qat_part_batches
             .filter(|n| *n > 0.0)
-            .map(|n| format!(", {n:.0} throw-away signatures completed part batches"))
+            .map(|n| format!(", {n:.0} part batches went to the provider as they were"))
             .unwrap_or_default();
         (total > 0.0).then(|| {
             format!(

@@ -19,7 +19,7 @@ pub struct QatMetrics {
     retries: IntCounter,
     batches: IntCounter,
     released: IntCounter,
-    padding: IntCounter,
+    part_batches: IntCounter,
     in_flight: IntGauge,
     telemetry_available: IntGauge,
     device_utilization: GaugeVec,
@@ -109,10 +109,11 @@ impl QatMetrics {
              way, and were signed in software instead.",
         ))
         .expect("static metric definition");
-        let padding = IntCounter::with_opts(Opts::new(
-            "proxy_qat_padding_signatures_total",
-            "Throw-away signatures that completed part batches where signing the held ones in \
-             software would have cost more CPU than a whole batch.",
+        let part_batches = IntCounter::with_opts(Opts::new(
+            "proxy_qat_part_batches_submitted_total",
+            "Part batches submitted to the QAT provider as they were, where signing the held \
+             signatures in software would have cost more CPU than a whole batch (qat_sw computes \
+             them when its poll timer fires).",
         ))
         .expect("static metric definition");
         let in_flight = IntGauge::with_opts(Opts::new(
@@ -133,7 +134,7 @@ impl QatMetrics {
             Box::new(retries.clone()),
             Box::new(batches.clone()),
             Box::new(released.clone()),
-            Box::new(padding.clone()),
+            Box::new(part_batches.clone()),
             Box::new(in_flight.clone()),
             Box::new(telemetry_available.clone()),
         ] {
@@ -148,7 +149,7 @@ impl QatMetrics {
             retries,
             batches,
             released,
-            padding,
+            part_batches,
             in_flight,
             telemetry_available,
             device_utilization: gauge_vec(
@@ -220,7 +221,10 @@ impl QatMetrics {
             advance(&self.retries, stats.retries.load(Ordering::Relaxed));
             advance(&self.batches, stats.batches.load(Ordering::Relaxed));
             advance(&self.released, stats.released.load(Ordering::Relaxed));
-            advance(&self.padding, stats.padding.load(Ordering::Relaxed));
+            advance(
+                &self.part_batches,
+                stats.part_batches.load(Ordering::Relaxed),
+            );
             self.in_flight.set(stats.in_flight.load(Ordering::Relaxed));
         }
         match telemetry::read_all(&self.telemetry_root, self.enable_telemetry) {

@@ -87,37 +87,6 @@ pub(super) struct Request {
     pub(super) reply: Option<mpsc::SyncSender<Answer>>,
 }
 
-impl Request {
-    /// A copy of this signature's work that nobody waits for: completes a part batch.
-    pub(super) fn throwaway_copy(&self) -> Box<Request> {
-        let work = match &self.work {
-            Work::Sign {
-                key,
-                digest,
-                padding,
-                message,
-            } => Work::Sign {
-                key: key.clone(),
-                digest,
-                padding: *padding,
-                message: message.clone(),
-            },
-            Work::X25519Keygen => Work::X25519Keygen,
-        };
-        Box::new(Request {
-            kind: self.kind,
-            work,
-            software_cost: self.software_cost,
-            submitted: None,
-            property_query: self.property_query.clone(),
-            output: Output::None,
-            provider: ProviderRef(ptr::null()),
-            error: None,
-            reply: None,
-        })
-    }
-}
-
 /// What a job computes.
 pub(super) enum Work {
     /// One `EVP_DigestSign`.
@@ -237,7 +206,7 @@ pub(super) fn finish(
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .push(pair),
-            // A throw-away signature that completed a batch.
+            // Nothing else is submitted without a handshake waiting for it.
             Ok(_) => {}
             Err(_) if matches!(request.work, Work::Sign { .. }) => {}
             Err(_) => {

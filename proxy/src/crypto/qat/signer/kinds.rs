@@ -1,6 +1,6 @@
 //! What the signer works with and counts: the kinds of operation it batches, the
 //! signatures it returns, its counters, the key stock, and the two decisions of its batch
-//! former ([`part_batch_waits`], [`padding_pays`]) as plain functions of what it knows.
+//! former ([`part_batch_waits`], [`part_batch_pays`]) as plain functions of what it knows.
 #![allow(unsafe_code)]
 
 use std::ffi::CStr;
@@ -110,8 +110,8 @@ pub struct SignerStats {
     /// Part batches handed back to be signed in software (the signatures are counted in
     /// `software`).
     pub released: AtomicU64,
-    /// Throw-away signatures that completed part batches (see [`padding_pays`]).
-    pub padding: AtomicU64,
+    /// Part batches submitted as they were (see [`part_batch_pays`]).
+    pub part_batches: AtomicU64,
     /// openssl-qat handshakes under way, as counted by [`HandshakeInFlight`](super::HandshakeInFlight).
     pub handshakes: AtomicI64,
     /// Of those, the ones whose signature has not yet been asked for: the signatures still
@@ -186,10 +186,10 @@ pub fn part_batch_waits(
     held < batch && ((can_fill && waited < batch_wait.max(software_cost)) || waited < software_cost)
 }
 
-/// Whether completing a part batch of `held` signatures with throw-away ones costs less
-/// CPU than signing the held ones in software: `held` software signatures against one full
-/// batch (its measured time; unknown until a full batch of the kind has run, then no).
-pub fn padding_pays(held: usize, software_cost: Duration, batch_cost: Option<Duration>) -> bool {
+/// Whether a part batch of `held` signatures goes to the provider as it is rather than to
+/// software: when `held` software signatures cost more than one whole batch (its fastest
+/// measured time; unknown until a batch of the kind has run, then no).
+pub fn part_batch_pays(held: usize, software_cost: Duration, batch_cost: Option<Duration>) -> bool {
     batch_cost.is_some_and(|batch| software_cost * held as u32 > batch)
 }
 

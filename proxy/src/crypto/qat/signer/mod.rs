@@ -22,10 +22,11 @@
 //! theirs ([`SignerStats::to_sign`]) make a batch, for at most `batch_wait`, and in any case
 //! as long as one software signature of its kind takes (measured when the key is loaded):
 //! a handshake waiting that long is delayed no more than signing would delay it. When it
-//! stops waiting it is either completed with throw-away signatures, where the held ones
-//! would cost more in software than a whole batch costs ([`padding_pays`], with the
-//! fastest batch of the kind seen so far), or handed back: each handshake then signs in
-//! software on its own thread, in parallel, as `openssl` would.
+//! stops waiting it either goes to the provider as it is, where the held ones would cost
+//! more in software than a whole batch costs ([`part_batch_pays`], with the fastest batch
+//! of the kind seen so far; qat_sw computes it when its timer fires), or is handed back:
+//! each handshake then signs in software on its own thread, in parallel, as `openssl`
+//! would.
 //!
 //! The signer also keeps X25519 key pairs generated ahead in full batches (see `kx`).
 //!
@@ -55,7 +56,7 @@ use openssl::pkey::{PKey, Private};
 use super::kx;
 use job::{sign_in_software, wait, Answer, Finished, Message, Output, Request, Work};
 pub use kinds::{
-    padding_pays, part_batch_waits, OperationKind, Padding, ProviderRef, SignError, Signed,
+    part_batch_pays, part_batch_waits, OperationKind, Padding, ProviderRef, SignError, Signed,
     SignerStats,
 };
 use kinds::{KeyStock, KEY_STOCK_BATCHES};

@@ -18,7 +18,7 @@ use super::job::{
     ASYNC_STATUS_EAGAIN, ASYNC_STATUS_OK,
 };
 use super::kinds::{
-    padding_pays, part_batch_waits, KeyStock, OperationKind, ProviderRef, SignerStats,
+    part_batch_pays, part_batch_waits, KeyStock, OperationKind, ProviderRef, SignerStats,
     KEY_STOCK_BATCHES,
 };
 
@@ -84,7 +84,7 @@ pub(super) struct SignerThread {
     /// Key generations of the stock's batch still under way.
     keys_coming: usize,
     /// The fastest a full batch of each kind took, from submission to its signatures: what
-    /// completing a part batch with throw-away signatures costs (the fastest, because the
+    /// a part batch sent to the provider costs (the fastest, because the
     /// provider's thread computes a batch alone, and any longer time is waiting for a CPU).
     batch_costs: Vec<(OperationKind, Duration)>,
     wakes: Vec<*mut Wake>,
@@ -229,7 +229,7 @@ impl SignerThread {
                 i += 1;
                 continue;
             }
-            let mut part = self.forming.swap_remove(i);
+            let part = self.forming.swap_remove(i);
             self.stats
                 .held
                 .fetch_sub(part.held.len() as i64, Ordering::Relaxed);
@@ -238,18 +238,12 @@ impl SignerThread {
                 .iter()
                 .find(|(k, _)| *k == part.kind)
                 .map(|(_, c)| *c);
-            if padding_pays(part.held.len(), part.held[0].software_cost, batch_cost) {
-                // The held signatures in software would cost more than a whole batch:
-                // complete it with throw-away copies of the first one.
-                let first = &part.held[0];
-                let fill: Vec<Box<Request>> = (part.held.len()..batch)
-                    .map(|_| first.throwaway_copy())
-                    .collect();
-                self.stats
-                    .padding
-                    .fetch_add(fill.len() as u64, Ordering::Relaxed);
-                part.held.extend(fill);
-                self.stats.batches.fetch_add(1, Ordering::Relaxed);
+            if part_batch_pays(part.held.len(), part.held[0].software_cost, batch_cost) {
+                // The held signatures in software would cost more than a whole batch: they
+                // go to the provider as they are, and qat_sw computes them when its poll
+                // timer fires (10 ms). Completing the batch with throw-away signatures was
+                // measured to cost more: each is a whole job of its own.
+                self.stats.part_batches.fetch_add(1, Ordering::Relaxed);
                 self.ready.push_back(part.held);
                 self.submit_ready();
                 continue;

@@ -500,9 +500,14 @@ mod tests {
         let stats = signer.stats();
         assert_eq!(stats.batches.load(Ordering::Relaxed), 1);
         assert_eq!(stats.released.load(Ordering::Relaxed), 0);
+        assert_settled(stats);
+        assert_eq!(stats.handshakes.load(Ordering::Relaxed), 0);
+    }
+
+    /// Nothing held, nothing counted as still to come.
+    fn assert_settled(stats: &SignerStats) {
         assert_eq!(stats.held.load(Ordering::Relaxed), 0);
         assert_eq!(stats.to_sign.load(Ordering::Relaxed), 0);
-        assert_eq!(stats.handshakes.load(Ordering::Relaxed), 0);
     }
 
     /// Three signatures and nobody else under way: they cannot make a batch of four, so
@@ -565,12 +570,25 @@ mod tests {
             assert!(*took < Duration::from_secs(3), "released after {took:?}");
         }
         drop(stalled);
-        let stats = signer.stats();
-        assert_eq!(stats.to_sign.load(Ordering::Relaxed), 0);
-        assert_eq!(stats.held.load(Ordering::Relaxed), 0);
+        assert_settled(signer.stats());
     }
 
-    /// Outside a signing step (a reactor or handshake-pool thread) nothing waits.
+    #[test]
+    fn a_part_batch_goes_as_it_is_only_where_its_signatures_cost_more_than_a_batch() {
+        let batch = Some(Duration::from_millis(9));
+        let rsa4096 = Duration::from_millis(4);
+        assert!(
+            !part_batch_pays(2, rsa4096, batch),
+            "8 ms in software < a 9 ms batch"
+        );
+        assert!(
+            part_batch_pays(3, rsa4096, batch),
+            "12 ms in software > a 9 ms batch"
+        );
+        assert!(!part_batch_pays(7, rsa4096, None), "no batch measured yet");
+    }
+
+    /// Outside an offload step (a reactor or handshake-pool thread) nothing waits.
     #[test]
     fn outside_an_offload_step_signatures_are_made_in_software() {
         let signer = signer(Duration::from_secs(5));

@@ -336,9 +336,12 @@ impl HttpForwarder {
         let mut tried = 0u64;
         // A body the client is still sending may go over the limit on its way: how the
         // forwarder learns that from an HTTP/2 upstream connection (see
-        // `CappedBody::flagging_over_limit`). Bodiless requests need none.
-        let over_limit =
-            (!http_body::Body::is_end_stream(&body)).then(|| Arc::new(AtomicBool::new(false)));
+        // `CappedBody::flagging_over_limit`). Bodiless requests, and bodies whose length is
+        // known to be within the limit (admission refused longer ones), need no flag, so
+        // only bodies of unknown length (gRPC, chunked) pay for its allocation.
+        let may_go_over = !http_body::Body::is_end_stream(&body)
+            && http_body::Body::size_hint(&body).exact().is_none();
+        let over_limit = may_go_over.then(|| Arc::new(AtomicBool::new(false)));
         loop {
             // None: every node refused the connection; the last failure was logged.
             let lease = self.pool.pick(tried).ok_or_else(|| {

@@ -3,8 +3,9 @@
 //! through the proxy with TLS verified), `openssl s_client` with P-256-only and P-384-only
 //! key shares, a rustls client offering the post-quantum hybrid, Python's `ssl` with
 //! VERIFY_X509_STRICT and pyca/cryptography's verifier on the generated certificates, and
-//! sslyze's check against Mozilla's intermediate profile; Milvus Lite driven by pymilvus, directly
-//! and through the proxy, with a body over the limit.
+//! sslyze's check against Mozilla's intermediate profile; Milvus Lite driven by pymilvus and
+//! Chroma driven by chromadb's HttpClient, each directly and through the proxy, with a body
+//! over the limit.
 //!
 //! The Python clients come from PyPI into virtualenvs (`tests/interop/install.sh`, which
 //! `.ci/run` runs first and these tests run again, idempotently).
@@ -433,22 +434,32 @@ fn handshake_failures_are_counted_by_reason_and_handshakes_by_what_they_negotiat
     );
 }
 
-/// A Milvus Lite server (`milvus-lite server`, Milvus's gRPC API) on a free loopback port,
-/// killed on drop.
-struct MilvusLite {
+/// A database server of the interop virtualenvs on a free loopback port, started as its
+/// users start it, killed on drop.
+struct DatabaseServer {
     addr: std::net::SocketAddr,
     child: std::process::Child,
 }
 
-impl MilvusLite {
-    fn start() -> Self {
+impl DatabaseServer {
+    /// Starts `program` (a command of the `venv` virtualenv) with `args`, in which `{port}`
+    /// and `{data}` stand for the port and a fresh data directory, and waits until it
+    /// listens.
+    fn start(venv: &str, program: &str, args: &[&str]) -> Self {
         let addr = free_loopback_addr();
-        let bin = interop_python("milvus").with_file_name("milvus-lite");
-        let data = temp_dir("milvus-lite");
+        let bin = interop_python(venv).with_file_name(program);
+        let data = temp_dir(program);
+        let port = addr.port().to_string();
+        let args: Vec<String> = args
+            .iter()
+            .map(|a| {
+                a.replace("{port}", &port)
+                    .replace("{data}", &data.display().to_string())
+            })
+            .collect();
         let child = Command::new(&bin)
-            .args(["server", "--data-dir"])
-            .arg(&data)
-            .args(["--host", "127.0.0.1", "--port", &addr.port().to_string()])
+            .args(&args)
+            .env("ANONYMIZED_TELEMETRY", "False")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -458,7 +469,7 @@ impl MilvusLite {
         while std::net::TcpStream::connect(addr).is_err() {
             assert!(
                 std::time::Instant::now() < deadline,
-                "milvus-lite did not listen on {addr} within 60 s"
+                "{program} did not listen on {addr} within 60 s"
             );
             std::thread::sleep(std::time::Duration::from_millis(100));
         }
@@ -466,29 +477,40 @@ impl MilvusLite {
     }
 }
 
-impl Drop for MilvusLite {
+impl Drop for DatabaseServer {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
 }
 
-/// tests/interop/milvus_exercise.py's JSON line.
-fn milvus_exercise(uri: &str, ca: &str, mode: &str) -> serde_json::Value {
-    let python = interop_python("milvus");
-    let script = repo_root().join("tests/interop/milvus_exercise.py");
+/// Runs one of tests/interop's exercise scripts with the `venv` virtualenv's Python; its
+/// JSON line.
+fn exercise(venv: &str, script: &str, args: &[&str]) -> serde_json::Value {
+    let python = interop_python(venv);
+    let path = repo_root().join("tests/interop").join(script);
     let (ok, out) = run_bounded(
         Command::new(&python)
-            .arg(&script)
-            .args([uri, ca, "localhost", mode]),
-        "milvus_exercise.py",
+            .arg(&path)
+            .args(args)
+            .env("ANONYMIZED_TELEMETRY", "False"),
+        script,
     );
-    assert!(ok, "milvus_exercise.py {mode} against {uri}:\n{out}");
+    assert!(ok, "{script} {args:?}:\n{out}");
     let line = out
         .lines()
         .find(|l| l.starts_with('{'))
-        .unwrap_or_else(|| panic!("no JSON from milvus_exercise.py:\n{out}"));
+        .unwrap_or_else(|| panic!("no JSON from {script}:\n{out}"));
     serde_json::from_str(line).unwrap()
+}
+
+/// tests/interop/milvus_exercise.py's JSON line.
+fn milvus_exercise(uri: &str, ca: &str, mode: &str) -> serde_json::Value {
+    exercise(
+        "milvus",
+        "milvus_exercise.py",
+        &[uri, ca, "localhost", mode],
+    )
 }
 
 /// Milvus behind the proxy, driven by its own client (pymilvus) with TLS verified against
@@ -499,7 +521,20 @@ fn milvus_exercise(uri: &str, ca: &str, mode: &str) -> serde_json::Value {
 /// used to get, pymilvus retries for minutes, re-sending the body each time.)
 #[test]
 fn milvus_with_pymilvus_through_the_proxy() {
-    let milvus = MilvusLite::start();
+    // Milvus Lite's server: Milvus's gRPC API.
+    let milvus = DatabaseServer::start(
+        "milvus",
+        "milvus-lite",
+        &[
+            "server",
+            "--data-dir",
+            "{data}",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            "{port}",
+        ],
+    );
     let ca = certs().ca_cert.display().to_string();
     let direct = milvus_exercise(&format!("http://{}", milvus.addr), "", "exercise");
     let proxy = ProxyProcess::start(
@@ -526,6 +561,11 @@ fn milvus_with_pymilvus_through_the_proxy() {
             "{field}: {through} vs {direct}"
         );
     }
+    eprintln!(
+        "milvus: 2,000 vectors inserted in batches of 100 in {:.2} s direct, {:.2} s through the proxy",
+        direct["insert_seconds"].as_f64().unwrap_or(f64::NAN),
+        through["insert_seconds"].as_f64().unwrap_or(f64::NAN),
+    );
     assert_eq!(through["count"], 2000);
     assert_eq!(through["top_id"], 42);
     assert_eq!(through["count_after_delete"], 1950);
@@ -563,5 +603,129 @@ fn milvus_with_pymilvus_through_the_proxy() {
         metric_sum(&m, "proxy_upstream_errors_total", &[]),
         0.0,
         "{m}"
+    );
+}
+
+/// tests/interop/chroma_exercise.py's JSON line.
+fn chroma_exercise(port: u16, ca: &str, mode: &str) -> serde_json::Value {
+    exercise(
+        "chroma",
+        "chroma_exercise.py",
+        &["localhost", &port.to_string(), ca, mode],
+    )
+}
+
+/// Chroma behind the proxy, driven by its own client (chromadb.HttpClient) with TLS
+/// verified against the proxy's CA, on a listener with `error_body = "text"` (the setting
+/// for databases other than Qdrant): the whole exercise passes as it does direct and
+/// Chroma's errors arrive as Chroma's; a client that does not trust the CA refuses the
+/// certificate (with an alert the proxy counts); one add over the proxy's body limit
+/// (5,000 x 1,536-d, 41 MB, which Chroma takes direct) is answered 413 with the proxy's message as the
+/// client's error text, counted once as the client's error, nothing of it stored; with
+/// Chroma down the client's error is the proxy's plain "upstream unavailable".
+#[test]
+fn chroma_with_its_client_through_the_proxy() {
+    // Chroma's own server (Rust), REST over HTTP/1.1.
+    let chroma = DatabaseServer::start(
+        "chroma",
+        "chroma",
+        &[
+            "run",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            "{port}",
+            "--path",
+            "{data}",
+        ],
+    );
+    let ca = certs().ca_cert.display().to_string();
+    let direct = chroma_exercise(chroma.addr.port(), "", "exercise");
+    let proxy = ProxyProcess::start(
+        &format!("http://{}", chroma.addr),
+        ProviderName::AwsLcRs,
+        CertAlgorithmName::EcdsaP256,
+        &["--error-body", "text"],
+    );
+    let port = proxy.addr.port();
+    let through = chroma_exercise(port, &ca, "exercise");
+    for field in [
+        "count",
+        "top_id",
+        "hits",
+        "got_id",
+        "got_dim",
+        "count_after_delete",
+        "wrong_dim",
+        "duplicate",
+        "missing",
+        "dropped",
+    ] {
+        assert_eq!(
+            through[field], direct[field],
+            "{field}: {through} vs {direct}"
+        );
+    }
+    eprintln!(
+        "chroma: 2,000 vectors inserted in batches of 100 in {:.2} s direct, {:.2} s through the proxy",
+        direct["insert_seconds"].as_f64().unwrap_or(f64::NAN),
+        through["insert_seconds"].as_f64().unwrap_or(f64::NAN),
+    );
+    assert_eq!(through["count"], 2000, "{through}");
+    assert_eq!(through["top_id"], "42", "{through}");
+    assert_eq!(through["count_after_delete"], 1950, "{through}");
+    for (field, chroma_error) in [
+        ("wrong_dim", "InvalidArgumentError"),
+        ("missing", "NotFoundError"),
+        ("duplicate", "already exists"),
+    ] {
+        assert!(
+            through[field].as_str().unwrap().contains(chroma_error),
+            "{field}: {through}"
+        );
+    }
+
+    // chromadb reports a failed TLS handshake as a server it could not reach; the proxy
+    // saw the client refuse its certificate (an unknown-CA alert).
+    let untrusted = chroma_exercise(port, "", "no_ca");
+    assert!(
+        untrusted["error"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("Could not connect"),
+        "{untrusted}"
+    );
+    proxy.wait_metric(
+        "proxy_tls_handshake_failures_total",
+        &[("reason", "alert_received")],
+        1.0,
+    );
+
+    let before = proxy.metrics();
+    let oversized = chroma_exercise(port, &ca, "oversized");
+    let error = oversized["error"].as_str().unwrap_or_default();
+    assert!(
+        error.starts_with("Exception: request body larger than the proxy's limit")
+            && error.contains("limits.max_request_body_bytes"),
+        "the proxy's message, as text: {oversized}"
+    );
+    assert_eq!(oversized["count"], 0, "{oversized}");
+    let m = proxy.metrics();
+    let too_large = |text: &str| {
+        metric_sum(
+            text,
+            "proxy_client_errors_total",
+            &[("kind", "body_too_large")],
+        )
+    };
+    assert_eq!(too_large(&m) - too_large(&before), 1.0, "{m}");
+
+    drop(chroma);
+    let down = chroma_exercise(port, &ca, "heartbeat");
+    let error = down["error"].as_str().unwrap_or_default();
+    assert!(
+        error.ends_with(": the upstream is unavailable\n"),
+        "the proxy's plain message as the client's error: {down}\n{}",
+        proxy.log_text()
     );
 }

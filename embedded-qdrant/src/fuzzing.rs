@@ -6,8 +6,8 @@
 use prost::Message;
 use qdrant_client::qdrant as pb;
 
+use crate::grpc::filters as grpc_filter;
 use crate::grpc::points_in;
-use crate::grpc_filter;
 use crate::rest::decode_body;
 
 /// A gRPC UpsertPoints message as the Points service decodes and converts it. Invariants:

@@ -1,5 +1,5 @@
 //! embedded-qdrant as a library: the Qdrant-compatible servers (REST on HTTP/1.1 in
-//! `rest`, gRPC on h2c in `grpc`, with the conversions of `convert` and `grpc_filter`),
+//! `rest`, gRPC on h2c in `grpc`, both with the conversions of `convert`),
 //! the store on Qdrant's engine (`store`), the API key check (`auth`) and in-process TLS
 //! (`tls`). The binary (`main.rs`) wires them to its command line; the fuzz targets
 //! (`tests/fuzz`) reach the request decoding through `fuzzing`.
@@ -13,8 +13,6 @@ mod convert;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod grpc;
-pub(crate) mod grpc_filter;
-mod grpc_stubs;
 pub mod rest;
 pub mod store;
 pub mod tls;

@@ -195,6 +195,7 @@ pub(crate) fn listener_ctx(
             shared.budget.clone(),
             plan.trusted.clone(),
             lp.security_headers,
+            lp.error_body,
             shared.access_log.clone(),
         ))),
         ListenerMode::Tcp => Mode::Tcp,

@@ -440,6 +440,21 @@ pub enum UpstreamProtocol {
     H2c,
 }
 
+/// The body of the answers the proxy gives itself to REST clients (502, 504, 413, ...):
+/// the shape the database behind the listener uses, so that its client shows the message.
+/// gRPC clients always get a status code and message (trailers-only), whatever this says.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum ErrorBody {
+    /// Qdrant's envelope, `{"status":{"error":"..."},"time":0.001}` (application/json):
+    /// qdrant-client raises it with the message.
+    #[default]
+    Qdrant,
+    /// The message and a newline as `text/plain`: what Chroma's, Milvus's REST and any other
+    /// HTTP client shows as it is when the body is not the database's own error shape.
+    Text,
+}
+
 /// A certificate chosen by the server name a client asks for.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
@@ -565,6 +580,10 @@ pub struct ListenerConfig {
     /// or into sniffing JSON as HTML). The upstream's own values win.
     #[serde(default = "default_true")]
     pub security_headers: bool,
+    /// http mode: the body of the proxy's own REST error answers; `qdrant` (default) in
+    /// front of Qdrant, `text` in front of any other database.
+    #[serde(default)]
+    pub error_body: ErrorBody,
 }
 
 impl ListenerConfig {

@@ -16,7 +16,7 @@
 //! - [`tls`] server configurations and the handshake; [`crypto`] providers, keys,
 //!   certificates and QAT;
 //! - [`http`] L7 forwarding; [`tcp`] the L4 splice; [`upstream`] the nodes, balancing,
-//!   health checks and upstream TLS; [`io`] deadlines and byte accounting;
+//!   health checks and upstream TLS; [`liveness`] what connection deadlines read and byte accounting;
 //! - [`admin`] /metrics, /healthz, /readyz and the switch API; [`metrics`] every metric;
 //!   [`access_log`] one line per request; [`ratelog`] rate-limited peer log lines;
 //! - [`allocator`] the C allocator's thresholds, so connections reuse freed buffers;
@@ -41,9 +41,9 @@ pub mod crypto;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod http;
-pub mod io;
 pub mod launch;
 pub mod listener;
+pub mod liveness;
 pub mod metrics;
 pub mod plan;
 pub mod proxy_protocol;

@@ -17,7 +17,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::config::{HealthCheckConfig, HealthCheckKind, Limits};
 use crate::http::{ClientStream, HttpForwarder, NextBytes};
-use crate::io::{Activity, CountingIo, QuietLimits};
+use crate::liveness::{Activity, CountingIo, QuietLimits};
 use crate::metrics::ListenerMetrics;
 use crate::switch::SwitchableListener;
 use crate::tls::{self, ListenerTls, Offload};

@@ -16,8 +16,9 @@ use std::time::Duration;
 
 use crate::access_log::AccessLogConfig;
 use crate::config::{
-    server_name_problem, Balance, Config, ConfigError, HandshakeOffload, HealthCheckConfig,
-    HealthCheckKind, Limits, ListenerMode, UpstreamProtocol, UpstreamTlsConfig, MAX_UPSTREAM_NODES,
+    server_name_problem, Balance, Config, ConfigError, ErrorBody, HandshakeOffload,
+    HealthCheckConfig, HealthCheckKind, Limits, ListenerMode, UpstreamProtocol, UpstreamTlsConfig,
+    MAX_UPSTREAM_NODES,
 };
 use crate::crypto::qat::QatConfig;
 use crate::crypto::ProviderName;
@@ -92,6 +93,8 @@ pub struct ListenerPlan {
     pub proxy_protocol: Option<TrustedProxies>,
     /// Whether HSTS and nosniff are added to responses.
     pub security_headers: bool,
+    /// The body of the proxy's own REST error answers.
+    pub error_body: ErrorBody,
     /// What it handshakes with.
     pub tls: TlsPlan,
 }
@@ -521,6 +524,7 @@ fn listener_plan(
         upstream_tls,
         proxy_protocol,
         security_headers: lc.security_headers,
+        error_body: lc.error_body,
         tls: TlsPlan {
             provider: asked_provider(config, lc),
             cert: lc.cert.clone(),

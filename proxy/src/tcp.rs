@@ -8,7 +8,7 @@ use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
 
-use crate::io::{Activity, QuietLimits};
+use crate::liveness::{Activity, QuietLimits};
 use crate::upstream::UpstreamPool;
 
 /// Copy buffers: 64 KiB moves a TLS record's worth of plaintext (16 KiB) several times per

@@ -70,6 +70,8 @@ pub struct Answer {
     pub status: StatusCode,
     pub headers: http::HeaderMap,
     pub body: Bytes,
+    /// The trailers, if the answer had any (gRPC answers that are not trailers-only).
+    pub trailers: Option<http::HeaderMap>,
     pub tls_version: Option<rustls::ProtocolVersion>,
     pub resumed: bool,
 }
@@ -91,6 +93,24 @@ pub async fn request(
     headers: &[(&str, &str)],
     body: Bytes,
 ) -> Result<Answer, Box<dyn std::error::Error + Send + Sync>> {
+    request_with_body(addr, config, method, path, headers, Full::new(body)).await
+}
+
+/// `request` with any body: one of unknown length goes chunked over HTTP/1.1 and without
+/// content-length over HTTP/2.
+pub async fn request_with_body<B>(
+    addr: SocketAddr,
+    config: Arc<ClientConfig>,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: B,
+) -> Result<Answer, Box<dyn std::error::Error + Send + Sync>>
+where
+    B: hyper::body::Body + Send + Unpin + 'static,
+    B::Data: Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
     let tls = tls_connect(addr, config).await?;
     let (_, conn) = tls.get_ref();
     let tls_version = conn.protocol_version();
@@ -105,7 +125,7 @@ pub async fn request(
     for (k, v) in headers {
         builder = builder.header(*k, *v);
     }
-    let req = builder.body(Full::new(body))?;
+    let req = builder.body(body)?;
     let io = TokioIo::new(tls);
     let resp = if h2 {
         let (mut sender, conn) =
@@ -118,11 +138,13 @@ pub async fn request(
         sender.send_request(req).await?
     };
     let (parts, body) = resp.into_parts();
-    let body = body.collect().await?.to_bytes();
+    let collected = body.collect().await?;
+    let trailers = collected.trailers().cloned();
     Ok(Answer {
         status: parts.status,
         headers: parts.headers,
-        body,
+        body: collected.to_bytes(),
+        trailers,
         tls_version,
         resumed,
     })

@@ -77,21 +77,33 @@ where
 ///   headers, body length and SHA-256).
 pub struct EchoUpstream {
     pub addr: SocketAddr,
+    requests: Arc<std::sync::atomic::AtomicU64>,
     _guard: ServerGuard,
 }
 
 impl EchoUpstream {
     pub fn start() -> Self {
-        let (addr, guard) = spawn_http_server(|req| async move {
-            match echo(req).await {
-                Ok(r) => r,
-                Err(never) => match never {},
+        let requests = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let counted = requests.clone();
+        let (addr, guard) = spawn_http_server(move |req| {
+            counted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            async move {
+                match echo(req).await {
+                    Ok(r) => r,
+                    Err(never) => match never {},
+                }
             }
         });
         Self {
             addr,
+            requests,
             _guard: guard,
         }
+    }
+
+    /// Requests whose head reached the server, whatever became of their bodies.
+    pub fn requests(&self) -> u64 {
+        self.requests.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     pub fn url(&self) -> String {

@@ -7,6 +7,8 @@
 #                       TLS guidelines
 #   $DIR/milvus:        Milvus Lite (milvus-lite server: Milvus's gRPC API, the database
 #                       behind the proxy) and pymilvus, Milvus's own client
+#   $DIR/chroma:        chromadb (`chroma run`: Chroma's server, REST over HTTP/1.1, and
+#                       chromadb.HttpClient, Chroma's own client)
 # DIR is $INTEROP_CLIENTS, else ~/.cache/vector-tls-proxy/interop. Idempotent.
 set -euo pipefail
 dir="${INTEROP_CLIENTS:-$HOME/.cache/vector-tls-proxy/interop}"
@@ -15,6 +17,7 @@ qdrant_client_version=1.20.0
 sslyze_version=6.3.1
 milvus_lite_version=3.2.2
 pymilvus_version=3.0.2
+chromadb_version=1.5.9
 mkdir -p "$dir"
 if ! "$python" -c "import venv, ensurepip" 2>/dev/null && command -v apt-get >/dev/null; then
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv >/dev/null
@@ -36,4 +39,9 @@ if [ "$("$dir/milvus/bin/pip" show milvus-lite 2>/dev/null | sed -n 's/^Version:
   "$python" -m venv "$dir/milvus"
   "$dir/milvus/bin/pip" install -q "milvus-lite==$milvus_lite_version" "pymilvus==$pymilvus_version"
 fi
-echo "interop clients in $dir: qdrant-client $("$dir/qdrant-client/bin/pip" show qdrant-client | sed -n 's/^Version: //p'), sslyze $("$dir/sslyze/bin/pip" show sslyze | sed -n 's/^Version: //p'), milvus-lite $milvus_lite_version, pymilvus $pymilvus_version"
+if [ "$("$dir/chroma/bin/pip" show chromadb 2>/dev/null | sed -n 's/^Version: //p')" != "$chromadb_version" ]; then
+  rm -rf "$dir/chroma"
+  "$python" -m venv "$dir/chroma"
+  "$dir/chroma/bin/pip" install -q "chromadb==$chromadb_version"
+fi
+echo "interop clients in $dir: qdrant-client $("$dir/qdrant-client/bin/pip" show qdrant-client | sed -n 's/^Version: //p'), sslyze $("$dir/sslyze/bin/pip" show sslyze | sed -n 's/^Version: //p'), milvus-lite $milvus_lite_version, pymilvus $pymilvus_version, chromadb $chromadb_version"

@@ -1,6 +1,7 @@
 //! The Collections service: collections created, read, changed, listed and deleted, and
 //! their aliases.
 
+use super::conversions::*;
 use super::*;
 
 impl Grpc {

@@ -1,6 +1,8 @@
 //! The Points service: upserts, deletes, payload changes and field indexes, and the reads
 //! (get, search, query, count, scroll).
 
+use super::conversions::*;
+use super::filters;
 use super::*;
 
 /// A nearest-vector search, as Search and Query both ask for it.
@@ -263,7 +265,7 @@ impl Grpc {
     ) -> Result<Response<pb::SearchResponse>, Status> {
         let started = Instant::now();
         let req = request.into_inner();
-        let filter = grpc_filter::optional(&req.filter)?;
+        let filter = filters::optional(&req.filter)?;
         let result = self
             .nearest(
                 &req.collection_name,
@@ -292,7 +294,7 @@ impl Grpc {
     ) -> Result<Response<pb::QueryResponse>, Status> {
         let started = Instant::now();
         let req = request.into_inner();
-        let filter = grpc_filter::optional(&req.filter)?;
+        let filter = filters::optional(&req.filter)?;
         if !req.prefetch.is_empty() {
             return Err(Status::unimplemented(
                 "prefetch queries are not implemented by embedded-qdrant",
@@ -351,7 +353,7 @@ impl Grpc {
     ) -> Result<Response<pb::CountResponse>, Status> {
         let started = Instant::now();
         let req = request.into_inner();
-        let filter = grpc_filter::optional(&req.filter)?;
+        let filter = filters::optional(&req.filter)?;
         let c = self.store.get(&req.collection_name).map_err(status)?;
         let count = c
             .count_filtered(CountRequest {
@@ -375,7 +377,7 @@ impl Grpc {
     ) -> Result<Response<pb::ScrollResponse>, Status> {
         let started = Instant::now();
         let req = request.into_inner();
-        let filter = grpc_filter::optional(&req.filter)?;
+        let filter = filters::optional(&req.filter)?;
         let offset = req
             .offset
             .as_ref()

@@ -16,7 +16,7 @@ use tokio::sync::OwnedSemaphorePermit;
 
 use super::gather::{Gather, Units};
 use crate::access_log::PendingRecord;
-use crate::io::{Activity, RequestGuard};
+use crate::liveness::{Activity, RequestGuard};
 use crate::metrics::{grpc_status_label, GrpcOutcomes, GRPC_STATUS_NONE};
 use crate::upstream::NodeLease;
 

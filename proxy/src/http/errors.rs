@@ -1,10 +1,12 @@
-//! Answers the proxy gives itself when the upstream cannot: Qdrant's JSON error shape for
-//! REST clients, a trailers-only gRPC status for gRPC clients.
+//! Answers the proxy gives itself when the upstream cannot: for REST clients the shape the
+//! listener's `error_body` names (Qdrant's JSON envelope or plain text), for gRPC clients a
+//! trailers-only status.
 
 use bytes::Bytes;
 use http::{header, HeaderValue, Response, StatusCode};
 
 use super::body::ResponseBody;
+use crate::config::ErrorBody;
 
 /// gRPC status codes we produce.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -79,6 +81,7 @@ impl Failure {
 pub fn error_response(
     failure: Failure,
     grpc: bool,
+    shape: ErrorBody,
     message: &str,
     elapsed_secs: f64,
 ) -> Response<ResponseBody> {
@@ -97,16 +100,20 @@ pub fn error_response(
         }
         return resp;
     }
-    let body = serde_json::json!({
-        "status": { "error": message },
-        "time": elapsed_secs,
-    });
-    let mut resp = Response::new(ResponseBody::local(Bytes::from(body.to_string())));
+    let (body, content_type) = match shape {
+        ErrorBody::Qdrant => {
+            let envelope = serde_json::json!({
+                "status": { "error": message },
+                "time": elapsed_secs,
+            });
+            (envelope.to_string(), "application/json")
+        }
+        ErrorBody::Text => (format!("{message}\n"), "text/plain; charset=utf-8"),
+    };
+    let mut resp = Response::new(ResponseBody::local(Bytes::from(body)));
     *resp.status_mut() = failure.http_status();
-    resp.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/json"),
-    );
+    resp.headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
     if failure == Failure::Overloaded {
         resp.headers_mut()
             .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
@@ -138,13 +145,50 @@ fn percent_encode(s: &str) -> String {
 mod tests {
     use super::*;
 
-    #[test]
-    fn shapes() {
-        let r = error_response(Failure::UpstreamUnavailable, false, "upstream down", 0.0);
+    use http_body_util::BodyExt;
+
+    async fn body_text(r: Response<ResponseBody>) -> String {
+        let bytes = r.into_body().collect().await.unwrap().to_bytes();
+        String::from_utf8(bytes.to_vec()).unwrap()
+    }
+
+    #[tokio::test]
+    async fn rest_answers_take_the_listeners_shape() {
+        let r = error_response(
+            Failure::UpstreamUnavailable,
+            false,
+            ErrorBody::Qdrant,
+            "upstream down",
+            0.5,
+        );
         assert_eq!(r.status(), StatusCode::BAD_GATEWAY);
-        let r = error_response(Failure::UpstreamTimeout, true, "slow 100%", 0.0);
-        assert_eq!(r.status(), StatusCode::OK);
-        assert_eq!(r.headers()["grpc-status"], "4");
-        assert_eq!(r.headers()["grpc-message"], "slow 100%25");
+        assert_eq!(r.headers()[header::CONTENT_TYPE], "application/json");
+        let envelope: serde_json::Value = serde_json::from_str(&body_text(r).await).unwrap();
+        assert_eq!(envelope["status"]["error"], "upstream down");
+        assert_eq!(envelope["time"], 0.5);
+
+        let r = error_response(
+            Failure::RequestTooLarge,
+            false,
+            ErrorBody::Text,
+            "too large",
+            0.5,
+        );
+        assert_eq!(r.status(), StatusCode::PAYLOAD_TOO_LARGE);
+        assert_eq!(
+            r.headers()[header::CONTENT_TYPE],
+            "text/plain; charset=utf-8"
+        );
+        assert_eq!(body_text(r).await, "too large\n");
+    }
+
+    #[test]
+    fn grpc_answers_are_trailers_only_whatever_the_rest_shape() {
+        for shape in [ErrorBody::Qdrant, ErrorBody::Text] {
+            let r = error_response(Failure::UpstreamTimeout, true, shape, "slow 100%", 0.0);
+            assert_eq!(r.status(), StatusCode::OK);
+            assert_eq!(r.headers()["grpc-status"], "4");
+            assert_eq!(r.headers()["grpc-message"], "slow 100%25");
+        }
     }
 }

@@ -218,7 +218,13 @@ impl HttpForwarder {
             }
         };
         answered.unwrap_or_else(|r| {
-            error_response(r.failure, grpc, &r.message, started.elapsed().as_secs_f64())
+            error_response(
+                r.failure,
+                grpc,
+                self.error_body,
+                &r.message,
+                started.elapsed().as_secs_f64(),
+            )
         })
     }
 
@@ -230,7 +236,7 @@ impl HttpForwarder {
         grpc: bool,
         client: &ForwardService,
     ) -> Result<Admitted, Refused> {
-        if client.activity.is_flooding() {
+        if client.activity.flood().is_raised() {
             // The connection is being closed for resetting too many streams; until the
             // client has read the GOAWAY, its new streams cost the upstream nothing.
             return Err(Refused::from(Refusal::new(
@@ -253,10 +259,12 @@ impl HttpForwarder {
             .map(|(k, v)| k.as_str().len() + v.len() + 4)
             .sum();
         if head_bytes > self.limits.max_header_bytes {
+            self.metrics.client_error("headers_too_large");
             return Err(Refused::from(Refusal::new(
                 Failure::HeadersTooLarge,
                 format!(
-                    "request headers larger than the proxy's limit of {} bytes",
+                    "request headers larger than the proxy's limit of {} bytes \
+                     (limits.max_header_bytes)",
                     self.limits.max_header_bytes
                 ),
             )));

@@ -5,15 +5,22 @@
 //! It also keeps each connection's deadlines (first request, idle, stall, maximum age,
 //! drain) and its reset budget, the upstream's request cap, and the request buffer budget
 //! (see `budget`). It knows nothing of TLS providers: it is handed a decrypted stream.
+//!
+//! Its rooms: `exchange` (one request forwarded, stage by stage), `head` (the request head
+//! as the upstream gets it), `body` (request and response bodies, capped and counted),
+//! `gather` (request chunks held while the upstream cannot take them yet), `errors` (the
+//! proxy's own answers), `budget` (the request buffer budget), `rapid_reset` (premature
+//! stream resets counted and the flood flag they raise), `idle_http1` (HTTP/1.1
+//! connections parked between requests without hyper's buffers).
 
-mod aside;
 mod body;
 mod budget;
-pub(crate) mod calm;
 mod errors;
 mod exchange;
 mod gather;
 mod head;
+mod idle_http1;
+pub(crate) mod rapid_reset;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -36,18 +43,18 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::access_log::{AccessLog, ConnectionFacts};
-use crate::config::{Limits, UpstreamProtocol};
-use crate::io::{Activity, Quiet, QuietLimits, RequestGuard};
+use crate::config::{ErrorBody, Limits, UpstreamProtocol};
+use crate::liveness::{Activity, Quiet, QuietLimits, RequestGuard};
 use crate::metrics::ListenerMetrics;
 use crate::trust::TrustedProxies;
 use crate::upstream::{UpstreamConnector, UpstreamPool};
 
-use aside::SetAside;
-pub use aside::{ClientStream, NextBytes};
 pub use body::{BodyReturn, CappedBody, RequestBodyError, ResponseBody, UpstreamSlot};
 pub use budget::{BufferBudget, WindowGrant};
 pub(crate) use head::{connection_named, rewrite_head};
 use head::{ensure_request_id, is_grpc};
+use idle_http1::SetAside;
+pub use idle_http1::{ClientStream, NextBytes};
 
 /// HTTP/2 flow-control windows. hyper's defaults (64 KiB) make one 800 KB upsert take a
 /// dozen round trips of WINDOW_UPDATEs; these let a whole UPSERT_100 fly at once while
@@ -67,6 +74,13 @@ const UPSTREAM_POOL_MAX_IDLE: usize = 256;
 
 type UpstreamClient = Client<UpstreamConnector, CappedBody>;
 
+/// The head size h2 (and hyper's HTTP/1.1 server) read before they refuse a request
+/// themselves: twice the configured limit (h2 also counts 32 bytes per field that `admit`
+/// does not), so that heads up to well over the limit get the proxy's own answer.
+fn head_ceiling(max_header_bytes: usize) -> u32 {
+    u32::try_from(max_header_bytes.saturating_mul(2)).unwrap_or(u32::MAX)
+}
+
 /// Everything the request path of one listener shares.
 pub struct HttpForwarder {
     pool: Arc<UpstreamPool>,
@@ -79,6 +93,8 @@ pub struct HttpForwarder {
     budget: Arc<BufferBudget>,
     trusted: TrustedProxies,
     security_headers: bool,
+    /// The body of the proxy's own REST error answers.
+    error_body: ErrorBody,
     metrics: ListenerMetrics,
     access_log: Option<Arc<AccessLog>>,
     /// The listener's name as access log records share it (one allocation, not one per
@@ -110,6 +126,7 @@ impl HttpForwarder {
         budget: Arc<BufferBudget>,
         trusted: TrustedProxies,
         security_headers: bool,
+        error_body: ErrorBody,
         access_log: Option<Arc<AccessLog>>,
     ) -> Self {
         let mut connector = HttpConnector::new();
@@ -170,6 +187,7 @@ impl HttpForwarder {
             budget,
             trusted,
             security_headers,
+            error_body,
             log_name: Arc::from(metrics.name()),
             metrics,
             access_log,
@@ -237,7 +255,7 @@ impl HttpForwarder {
         shutdown: CancellationToken,
     ) -> Result<(), hyper::Error> {
         let limits = &self.limits;
-        let io = TokioIo::new(calm::CalmIo::new(
+        let io = TokioIo::new(rapid_reset::CalmIo::new(
             io,
             activity.clone(),
             limits.h2_max_reset_streams,
@@ -248,7 +266,10 @@ impl HttpForwarder {
         let conn = http2::Builder::new(TokioExecutor::new())
             .timer(TokioTimer::new())
             .max_concurrent_streams(limits.h2_max_concurrent_streams)
-            .max_header_list_size(limits.max_header_bytes as u32)
+            // The exact limit is `admit`'s, answered 431 / RESOURCE_EXHAUSTED with the
+            // setting's name. h2's own check is a ceiling above it: h2 refuses a list over
+            // it with a bare 431 and REFUSED_STREAM, which gRPC clients take as "retry".
+            .max_header_list_size(head_ceiling(limits.max_header_bytes))
             .initial_stream_window_size(H2_STREAM_WINDOW.min(window))
             .initial_connection_window_size(window)
             .max_frame_size(grant.max_frame_size())
@@ -322,9 +343,10 @@ impl HttpForwarder {
             .timer(TokioTimer::new())
             .header_read_timeout(limits.header_read_timeout)
             .max_buf_size(grant.max_buf_size())
-            // The read buffer may now exceed the head limit: hyper refuses a larger head
-            // itself (`forward` checks the exact limit on every request too).
-            .max_header_size(limits.max_header_bytes)
+            // hyper refuses a head over this itself with a bare 431; the exact limit is
+            // `admit`'s (answered with the setting's name and counted), so hyper's is the
+            // same ceiling above it as h2's. The read buffer bounds it too.
+            .max_header_size(head_ceiling(limits.max_header_bytes) as usize)
             .serve_connection(
                 TokioIo::new(SetAside::new(io, unread, activity.clone())),
                 svc,
@@ -410,8 +432,8 @@ impl HttpForwarder {
                     (quiet.label(), limits.drain_timeout)
                 }
                 _ = &mut max_age, if !closing => ("max_age", limits.drain_timeout),
-                _ = activity.flooding(), if !closing => {
-                    let (premature, opened) = activity.flood_counts();
+                _ = activity.flood().raised(), if !closing => {
+                    let (premature, opened) = activity.flood().counts();
                     crate::peer_warn!(
                         listener = %self.metrics.name(),
                         premature_resets = premature,

@@ -1,20 +1,21 @@
-//! The client socket wrapper ([`CountingIo`]: bytes counted, and read ahead of rustls's
-//! record-sized reads) and the per-connection state the deadlines read: bytes counted for
-//! the metrics, requests in flight, when anything last made progress, how many requests the
-//! client cancelled, and whether it was flagged for rapid reset (by the HTTP/2 reader that
-//! counts premature resets). Idle connections are found from these without a timer per read.
+//! Connection liveness: the per-connection state the deadlines read ([`Activity`]: requests
+//! in flight, when anything last made progress, how many requests the client cancelled,
+//! and the rapid-reset flag that `http::rapid_reset` raises), and the client socket wrapper
+//! that feeds it ([`CountingIo`]: bytes counted for the metrics, and read ahead of rustls's
+//! record-sized reads). Idle connections are found from these without a timer per read.
 
 use std::io;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
 use prometheus::IntCounter;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::sync::Notify;
 use tokio::time::Instant;
+
+use crate::http::rapid_reset::FloodFlag;
 
 /// Why a connection's deadline fired.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -77,12 +78,9 @@ pub struct Activity {
     unfinished_bodies: AtomicU32,
     started: AtomicU64,
     cancelled: AtomicU64,
-    /// Set once the client has reset too many streams prematurely; wakes the connection's
-    /// driver.
-    flooding: AtomicBool,
-    flood: Notify,
-    /// What the flood was, for the log: premature resets and streams opened.
-    flood_counts: (AtomicU64, AtomicU64),
+    /// Raised by the rapid-reset watch (`http::rapid_reset`) once the client has reset too
+    /// many streams prematurely.
+    flood: FloodFlag,
 }
 
 impl Activity {
@@ -96,9 +94,7 @@ impl Activity {
             unfinished_bodies: AtomicU32::new(0),
             started: AtomicU64::new(0),
             cancelled: AtomicU64::new(0),
-            flooding: AtomicBool::new(false),
-            flood: Notify::new(),
-            flood_counts: (AtomicU64::new(0), AtomicU64::new(0)),
+            flood: FloodFlag::default(),
         })
     }
 
@@ -154,36 +150,9 @@ impl Activity {
         self.cancelled.load(Ordering::Relaxed)
     }
 
-    /// Flags the connection as flooding (rapid reset): `premature` of the `opened` streams
-    /// were reset by the client just after it opened them. [`Activity::flooding`] resolves.
-    pub fn flag_flooding(&self, premature: u64, opened: u64) {
-        self.flood_counts.0.store(premature, Ordering::Relaxed);
-        self.flood_counts.1.store(opened, Ordering::Relaxed);
-        if !self.flooding.swap(true, Ordering::Relaxed) {
-            self.flood.notify_one();
-        }
-    }
-
-    /// The premature resets and streams opened when the connection was flagged.
-    pub fn flood_counts(&self) -> (u64, u64) {
-        (
-            self.flood_counts.0.load(Ordering::Relaxed),
-            self.flood_counts.1.load(Ordering::Relaxed),
-        )
-    }
-
-    /// Whether the client was flagged for resetting too many streams.
-    pub fn is_flooding(&self) -> bool {
-        self.flooding.load(Ordering::Relaxed)
-    }
-
-    /// Resolves once the client was flagged for resetting too many streams (rapid reset at
-    /// any pace).
-    pub async fn flooding(&self) {
-        if self.flooding.load(Ordering::Relaxed) {
-            return;
-        }
-        self.flood.notified().await;
+    /// The connection's rapid-reset flag.
+    pub fn flood(&self) -> &FloodFlag {
+        &self.flood
     }
 
     /// When the connection is next quiet past its limit, if nothing moves before then, and
@@ -441,6 +410,12 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for CountingIo<T> {
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+impl AsRef<FloodFlag> for Activity {
+    fn as_ref(&self) -> &FloodFlag {
+        &self.flood
     }
 }
 

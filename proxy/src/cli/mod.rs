@@ -2,6 +2,8 @@
 //!
 //! Exit codes: 0 success (including a drained shutdown on SIGTERM/SIGINT), 1 a failure
 //! while running or starting (bad key, port in use, ...), 2 a usage or configuration error.
+//!
+//! `listener_flags` holds the flags of the one listener the command line can describe.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -10,14 +12,13 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand};
 use tokio_util::sync::CancellationToken;
 
-use crate::config::{
-    Balance, Config, ConfigError, HandshakeOffload, HealthCheckConfig, HealthCheckKind,
-    ListenerConfig, ListenerMode, ProxyProtocolConfig, TlsPolicy, TlsVersion, UpstreamProtocol,
-    UpstreamTlsConfig,
-};
-use crate::crypto::{generate_cert_set_valid_for, CertAlgorithmName, KxGroupName, ProviderName};
+use crate::config::{Config, ConfigError, HandshakeOffload};
+use crate::crypto::{generate_cert_set_valid_for, CertAlgorithmName, ProviderName};
 use crate::plan::Plan;
 use crate::server::{write_ready_file, Proxy};
+
+mod listener_flags;
+use listener_flags::ListenerFlags;
 
 /// TLS terminator for vector-database ingestion (rustls with a run-time crypto provider).
 #[derive(Debug, Parser)]
@@ -53,55 +54,12 @@ pub struct RunArgs {
 /// Settings that can come from flags as well as from the file.
 #[derive(Clone, Debug, Args, Default)]
 pub struct Overrides {
-    /// Listener bind address (e.g. 0.0.0.0:6334).
-    #[arg(long, value_name = "ADDR")]
-    listen: Option<String>,
-    /// Listener name in logs and metrics.
-    #[arg(long)]
-    name: Option<String>,
-    /// Upstream URL (e.g. http://127.0.0.1:6333); repeat it for several nodes.
-    #[arg(long, value_name = "URL")]
-    upstream: Vec<String>,
-    /// How requests pick one of several upstream nodes.
-    #[arg(long, value_enum)]
-    balance: Option<Balance>,
-    /// Active health checks of the upstream nodes (auto: when there are several).
-    #[arg(long, value_enum, value_name = "KIND")]
-    health_check: Option<HealthCheckKind>,
-    /// Time between two health checks of a node.
-    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
-    health_check_interval: Option<Duration>,
+    /// The listener's own settings.
+    #[command(flatten)]
+    listener: ListenerFlags,
     /// Crypto provider: ring, aws-lc-rs, openssl, openssl-qat.
     #[arg(long, value_name = "P")]
     provider: Option<ProviderName>,
-    /// Certificate chain, PEM.
-    #[arg(long, value_name = "FILE")]
-    cert: Option<PathBuf>,
-    /// Private key, PEM (PKCS#8, PKCS#1 or SEC1).
-    #[arg(long, value_name = "FILE")]
-    key: Option<PathBuf>,
-    /// How requests reach the upstream in http mode.
-    #[arg(long, value_enum)]
-    upstream_protocol: Option<UpstreamProtocol>,
-    /// Close idle upstream connections after this (keep it under the upstream's own
-    /// keep-alive timeout; 0s: reuse none). Default 4s, under Qdrant's 5 s.
-    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
-    upstream_idle_timeout: Option<Duration>,
-    /// CA certificates (PEM) that `https://` upstream nodes must chain to (default: the
-    /// system's trust store).
-    #[arg(long, value_name = "FILE")]
-    upstream_ca: Option<PathBuf>,
-    /// The name verified in `https://` upstream nodes' certificates and sent as SNI
-    /// (default: each node's host).
-    #[arg(long, value_name = "NAME")]
-    upstream_server_name: Option<String>,
-    /// Expect a PROXY protocol header (v1 or v2) from this load balancer's address or CIDR
-    /// block (repeatable); connections from anywhere else are refused.
-    #[arg(long, value_name = "CIDR")]
-    proxy_protocol_from: Vec<String>,
-    /// http (L7) or tcp (decrypt and splice).
-    #[arg(long, value_enum)]
-    mode: Option<ListenerMode>,
     /// Admin listener (/metrics, /healthz, /readyz).
     #[arg(long, value_name = "ADDR")]
     admin: Option<String>,
@@ -114,23 +72,6 @@ pub struct Overrides {
     /// Private key (PEM) for --admin-tls-cert.
     #[arg(long, value_name = "FILE")]
     admin_tls_key: Option<PathBuf>,
-    /// Lowest TLS version: 1.2 or 1.3.
-    #[arg(long, value_name = "V")]
-    tls_min: Option<TlsVersion>,
-    /// Highest TLS version: 1.2 or 1.3.
-    #[arg(long, value_name = "V")]
-    tls_max: Option<TlsVersion>,
-    /// Key-exchange groups, comma-separated, in preference order (x25519mlkem768, x25519,
-    /// secp256r1, secp384r1). Unset: x25519mlkem768 where the provider has it, then the
-    /// other three.
-    #[arg(long, value_name = "GROUPS", value_delimiter = ',')]
-    kx: Option<Vec<KxGroupName>>,
-    /// Session resumption: on or off.
-    #[arg(long, value_name = "on|off", value_parser = parse_on_off)]
-    resumption: Option<bool>,
-    /// Require client certificates chaining to this CA (mTLS).
-    #[arg(long, value_name = "FILE")]
-    client_ca: Option<PathBuf>,
     /// Where handshakes sign: inline (on the reactor) or pool (dedicated threads).
     #[arg(long, value_enum)]
     handshake_offload: Option<HandshakeOffload>,
@@ -290,7 +231,12 @@ pub fn resolve(config_file: Option<&PathBuf>, o: &Overrides) -> Result<Config, C
         None => Config::empty(),
     };
     apply_process_flags(&mut cfg, o);
-    apply_listener_flags(&mut cfg, o)?;
+    o.listener.apply(&mut cfg)?;
+    // A listener given by flags that overrides the file's provider for the whole process
+    // must not be shadowed by the listener's own provider setting.
+    if o.provider.is_some() && o.listener.is_set() {
+        cfg.listeners[0].provider = None;
+    }
     Ok(cfg)
 }
 
@@ -412,144 +358,6 @@ fn apply_process_flags(cfg: &mut Config, o: &Overrides) {
 
 /// The flags that describe one listener: a new one when the file has none, else the
 /// file's only listener (with several, they would be ambiguous).
-fn apply_listener_flags(cfg: &mut Config, o: &Overrides) -> Result<(), ConfigError> {
-    let listener_flags = o.listen.is_some()
-        || o.name.is_some()
-        || !o.upstream.is_empty()
-        || o.balance.is_some()
-        || o.health_check.is_some()
-        || o.health_check_interval.is_some()
-        || o.cert.is_some()
-        || o.key.is_some()
-        || o.upstream_protocol.is_some()
-        || o.upstream_idle_timeout.is_some()
-        || o.upstream_ca.is_some()
-        || !o.proxy_protocol_from.is_empty()
-        || o.upstream_server_name.is_some()
-        || o.mode.is_some()
-        || o.tls_min.is_some()
-        || o.tls_max.is_some()
-        || o.kx.is_some()
-        || o.resumption.is_some()
-        || o.client_ca.is_some();
-    if !listener_flags {
-        return Ok(());
-    }
-    match cfg.listeners.len() {
-        0 => {
-            let missing: Vec<&str> = [
-                ("--listen", o.listen.is_none()),
-                ("--upstream", o.upstream.is_empty()),
-                ("--cert", o.cert.is_none()),
-                ("--key", o.key.is_none()),
-            ]
-            .into_iter()
-            .filter_map(|(f, m)| m.then_some(f))
-            .collect();
-            if !missing.is_empty() {
-                return Err(ConfigError {
-                    problems: vec![format!(
-                        "a listener given by flags needs {}",
-                        missing.join(", ")
-                    )],
-                });
-            }
-            cfg.listeners.push(ListenerConfig {
-                name: None,
-                listen: String::new(),
-                cert: PathBuf::new(),
-                key: PathBuf::new(),
-                sni: Vec::new(),
-                upstream: Vec::new(),
-                balance: Balance::default(),
-                health_check: HealthCheckConfig::default(),
-                mode: ListenerMode::default(),
-                upstream_protocol: UpstreamProtocol::default(),
-                upstream_idle_timeout: crate::config::DEFAULT_UPSTREAM_IDLE_TIMEOUT,
-                upstream_tls: UpstreamTlsConfig::default(),
-                proxy_protocol: None,
-                provider: None,
-                tls: TlsPolicy::default(),
-                security_headers: true,
-            });
-        }
-        1 => {}
-        n => {
-            return Err(ConfigError {
-                problems: vec![format!(
-                    "listener flags (--listen, --cert, --upstream, ...) are ambiguous: the config file defines {n} listeners; set these in the file instead"
-                )],
-            })
-        }
-    }
-    let l = &mut cfg.listeners[0];
-    if let Some(v) = &o.listen {
-        l.listen = v.clone();
-    }
-    if let Some(v) = &o.name {
-        l.name = Some(v.clone());
-    }
-    if !o.upstream.is_empty() {
-        l.upstream = o.upstream.clone();
-    }
-    if let Some(v) = o.balance {
-        l.balance = v;
-    }
-    if let Some(v) = o.health_check {
-        l.health_check.kind = v;
-    }
-    if let Some(v) = o.health_check_interval {
-        l.health_check.interval = v;
-    }
-    if let Some(v) = &o.cert {
-        l.cert = v.clone();
-    }
-    if let Some(v) = &o.key {
-        l.key = v.clone();
-    }
-    if let Some(v) = o.upstream_protocol {
-        l.upstream_protocol = v;
-    }
-    if let Some(v) = o.upstream_idle_timeout {
-        l.upstream_idle_timeout = v;
-    }
-    if !o.proxy_protocol_from.is_empty() {
-        l.proxy_protocol = Some(ProxyProtocolConfig {
-            trusted: o.proxy_protocol_from.clone(),
-        });
-    }
-    if let Some(v) = &o.upstream_ca {
-        l.upstream_tls.ca = Some(v.clone());
-    }
-    if let Some(v) = &o.upstream_server_name {
-        l.upstream_tls.server_name = Some(v.clone());
-    }
-    if let Some(v) = o.mode {
-        l.mode = v;
-    }
-    if let Some(v) = o.tls_min {
-        l.tls.min_version = v;
-    }
-    if let Some(v) = o.tls_max {
-        l.tls.max_version = v;
-    }
-    if let Some(v) = &o.kx {
-        l.tls.kx_groups = Some(v.clone());
-    }
-    if let Some(v) = o.resumption {
-        l.tls.resumption = v;
-    }
-    if let Some(v) = &o.client_ca {
-        l.tls.client_ca = Some(v.clone());
-    }
-    // A listener given by flags that overrides the file's provider for the whole process
-    // must not be shadowed by the listener's own provider setting.
-    if o.provider.is_some() {
-        l.provider = None;
-    }
-    Ok(())
-}
-
 fn init_logging(level: &str, format: crate::config::LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level));

@@ -1,12 +1,12 @@
 //! The gRPC service traits of qdrant-client 1.20, every method listed: the ones the
-//! benchmark and its checks use delegate to [`crate::grpc::Grpc`], every other one answers
+//! benchmark and its checks use delegate to [`Grpc`](super::Grpc)'s handlers, every other one answers
 //! UNIMPLEMENTED with its name (never a hang). Written out from the trait definitions in
 //! qdrant-client's generated `qdrant.rs`; regenerate when the client's protocol grows.
 
 use ::qdrant_client::qdrant::*;
 use tonic::{Request, Response, Status};
 
-use crate::grpc::Grpc;
+use super::Grpc;
 
 fn unimplemented(method: &str) -> Status {
     Status::unimplemented(format!("{method} is not implemented by embedded-qdrant"))

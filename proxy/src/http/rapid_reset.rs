@@ -22,14 +22,14 @@
 
 use std::io;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::sync::Notify;
 use tokio::time::Instant;
-
-use crate::io::Activity;
 
 const FRAME_HEADER: usize = 9;
 const HEADERS: u8 = 0x1;
@@ -262,33 +262,83 @@ impl FrameCursor {
     }
 }
 
+/// Raised once a connection's client has reset too many streams prematurely: refuses its
+/// new streams at once and wakes the connection's driver, which sends the GOAWAY. It lives
+/// in the connection's shared state (`liveness::Activity`), which the driver and every
+/// request of the connection hold.
+#[derive(Debug, Default)]
+pub struct FloodFlag {
+    raised: AtomicBool,
+    wake: Notify,
+    /// What the flood was, for the log: premature resets and streams opened.
+    counts: (AtomicU64, AtomicU64),
+}
+
+impl FloodFlag {
+    /// Raises the flag: `premature` of the `opened` streams were reset by the client just
+    /// after it opened them. [`FloodFlag::raised`] resolves.
+    pub fn raise(&self, premature: u64, opened: u64) {
+        self.counts.0.store(premature, Ordering::Relaxed);
+        self.counts.1.store(opened, Ordering::Relaxed);
+        if !self.raised.swap(true, Ordering::Relaxed) {
+            self.wake.notify_one();
+        }
+    }
+
+    /// The premature resets and streams opened when the flag was raised.
+    pub fn counts(&self) -> (u64, u64) {
+        (
+            self.counts.0.load(Ordering::Relaxed),
+            self.counts.1.load(Ordering::Relaxed),
+        )
+    }
+
+    /// Whether the client was flagged for resetting too many streams.
+    pub fn is_raised(&self) -> bool {
+        self.raised.load(Ordering::Relaxed)
+    }
+
+    /// Resolves once the flag is raised (rapid reset at any pace).
+    pub async fn raised(&self) {
+        if self.is_raised() {
+            return;
+        }
+        self.wake.notified().await;
+    }
+}
+
 /// The HTTP/2 server's I/O: passes everything through, counts the client's premature
-/// resets as it reads, flags `activity` as flooding when they pass the bound, and from then
-/// on makes the server's GOAWAY frames say ENHANCE_YOUR_CALM.
+/// resets as it reads, raises the connection's [`FloodFlag`] when they pass the bound, and
+/// from then on makes the server's GOAWAY frames say ENHANCE_YOUR_CALM. `C` is the
+/// connection's shared state that holds the flag.
 #[derive(Debug)]
-pub struct CalmIo<T> {
+pub struct CalmIo<T, C> {
     inner: T,
-    activity: Arc<Activity>,
+    connection: Arc<C>,
     resets: ResetWatch,
     cursor: FrameCursor,
     scratch: Vec<u8>,
 }
 
-impl<T> CalmIo<T> {
+impl<T, C: AsRef<FloodFlag>> CalmIo<T, C> {
     /// Wraps the decrypted stream of an HTTP/2 connection; `reset_budget`: see the module
     /// doc.
-    pub fn new(inner: T, activity: Arc<Activity>, reset_budget: u64) -> Self {
+    pub fn new(inner: T, connection: Arc<C>, reset_budget: u64) -> Self {
         Self {
             inner,
-            activity,
+            connection,
             resets: ResetWatch::new(reset_budget),
             cursor: FrameCursor::default(),
             scratch: Vec::new(),
         }
     }
+
+    fn flag(&self) -> &FloodFlag {
+        (*self.connection).as_ref()
+    }
 }
 
-impl<T: AsyncRead + Unpin> AsyncRead for CalmIo<T> {
+impl<T: AsyncRead + Unpin, C: AsRef<FloodFlag>> AsyncRead for CalmIo<T, C> {
     fn poll_read(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -297,18 +347,18 @@ impl<T: AsyncRead + Unpin> AsyncRead for CalmIo<T> {
         let this = &mut *self;
         let before = buf.filled().len();
         let res = Pin::new(&mut this.inner).poll_read(cx, buf);
-        if matches!(res, Poll::Ready(Ok(()))) && !this.activity.is_flooding() {
+        if matches!(res, Poll::Ready(Ok(()))) && !this.flag().is_raised() {
             let read = &buf.filled()[before..];
             if this.resets.observe(read) {
-                this.activity
-                    .flag_flooding(this.resets.premature(), this.resets.opened());
+                let (premature, opened) = (this.resets.premature(), this.resets.opened());
+                this.flag().raise(premature, opened);
             }
         }
         res
     }
 }
 
-impl<T: AsyncWrite + Unpin> CalmIo<T> {
+impl<T: AsyncWrite + Unpin, C: AsRef<FloodFlag>> CalmIo<T, C> {
     /// Writes `data` with any GOAWAY error code in it rewritten (copies; only after the
     /// connection was flagged).
     fn poll_write_patched(&mut self, cx: &mut Context<'_>, data: &[u8]) -> Poll<io::Result<usize>> {
@@ -334,14 +384,14 @@ impl<T: AsyncWrite + Unpin> CalmIo<T> {
     }
 }
 
-impl<T: AsyncWrite + Unpin> AsyncWrite for CalmIo<T> {
+impl<T: AsyncWrite + Unpin, C: AsRef<FloodFlag>> AsyncWrite for CalmIo<T, C> {
     fn poll_write(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         data: &[u8],
     ) -> Poll<io::Result<usize>> {
         let this = &mut *self;
-        if this.activity.is_flooding() {
+        if this.flag().is_raised() {
             return this.poll_write_patched(cx, data);
         }
         let res = Pin::new(&mut this.inner).poll_write(cx, data);
@@ -357,7 +407,7 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for CalmIo<T> {
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
         let this = &mut *self;
-        if this.activity.is_flooding() {
+        if this.flag().is_raised() {
             // Rare and short: one slice at a time, patched.
             let first = bufs
                 .iter()

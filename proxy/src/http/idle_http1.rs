@@ -30,7 +30,7 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::time::{Instant, Sleep};
 use tokio_util::sync::CancellationToken;
 
-use crate::io::{Activity, Quiet, QuietLimits};
+use crate::liveness::{Activity, Quiet, QuietLimits};
 
 /// How long a connection with nothing in flight waits for the client's next bytes before it
 /// is set aside: longer than a loader takes to send its next request once it has read an

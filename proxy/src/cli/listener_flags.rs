@@ -1,0 +1,277 @@
+//! The flags of the one listener `proxy run` can be given on the command line. Each is a
+//! [`ListenerConfig`] field under the same name; every default is the config's own (serde's),
+//! so a listener made from flags and one read from a file cannot differ in what was left
+//! unset.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Args;
+
+use crate::config::{
+    Balance, Config, ConfigError, ErrorBody, HealthCheckKind, ListenerConfig, ListenerMode,
+    ProxyProtocolConfig, TlsVersion, UpstreamProtocol,
+};
+use crate::crypto::KxGroupName;
+
+use super::parse_on_off;
+
+/// A listener's settings from flags; unset ones leave the file's (or the default) as is.
+#[derive(Clone, Debug, Args, Default, PartialEq)]
+pub struct ListenerFlags {
+    /// Listener bind address (e.g. 0.0.0.0:6334).
+    #[arg(long, value_name = "ADDR")]
+    pub(super) listen: Option<String>,
+    /// Listener name in logs and metrics.
+    #[arg(long)]
+    pub(super) name: Option<String>,
+    /// Upstream URL (e.g. http://127.0.0.1:6333); repeat it for several nodes.
+    #[arg(long, value_name = "URL")]
+    pub(super) upstream: Vec<String>,
+    /// How requests pick one of several upstream nodes.
+    #[arg(long, value_enum)]
+    pub(super) balance: Option<Balance>,
+    /// Active health checks of the upstream nodes (auto: when there are several).
+    #[arg(long, value_enum, value_name = "KIND")]
+    pub(super) health_check: Option<HealthCheckKind>,
+    /// Time between two health checks of a node.
+    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
+    pub(super) health_check_interval: Option<Duration>,
+    /// Certificate chain, PEM.
+    #[arg(long, value_name = "FILE")]
+    pub(super) cert: Option<PathBuf>,
+    /// Private key, PEM (PKCS#8, PKCS#1 or SEC1).
+    #[arg(long, value_name = "FILE")]
+    pub(super) key: Option<PathBuf>,
+    /// How requests reach the upstream in http mode.
+    #[arg(long, value_enum)]
+    pub(super) upstream_protocol: Option<UpstreamProtocol>,
+    /// Close idle upstream connections after this (keep it under the upstream's own
+    /// keep-alive timeout; 0s: reuse none). Default 4s, under Qdrant's 5 s.
+    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
+    pub(super) upstream_idle_timeout: Option<Duration>,
+    /// CA certificates (PEM) that `https://` upstream nodes must chain to (default: the
+    /// system's trust store).
+    #[arg(long, value_name = "FILE")]
+    pub(super) upstream_ca: Option<PathBuf>,
+    /// The name verified in `https://` upstream nodes' certificates and sent as SNI
+    /// (default: each node's host).
+    #[arg(long, value_name = "NAME")]
+    pub(super) upstream_server_name: Option<String>,
+    /// Expect a PROXY protocol header (v1 or v2) from this load balancer's address or CIDR
+    /// block (repeatable); connections from anywhere else are refused.
+    #[arg(long, value_name = "CIDR")]
+    pub(super) proxy_protocol_from: Vec<String>,
+    /// http (L7) or tcp (decrypt and splice).
+    #[arg(long, value_enum)]
+    pub(super) mode: Option<ListenerMode>,
+    /// The body of the proxy's own REST error answers: qdrant (Qdrant's envelope, the
+    /// default) or text (plain text, for any other database).
+    #[arg(long, value_enum, value_name = "SHAPE")]
+    pub(super) error_body: Option<ErrorBody>,
+    /// Lowest TLS version: 1.2 or 1.3.
+    #[arg(long, value_name = "V")]
+    pub(super) tls_min: Option<TlsVersion>,
+    /// Highest TLS version: 1.2 or 1.3.
+    #[arg(long, value_name = "V")]
+    pub(super) tls_max: Option<TlsVersion>,
+    /// Key-exchange groups, comma-separated, in preference order (x25519mlkem768, x25519,
+    /// secp256r1, secp384r1). Unset: x25519mlkem768 where the provider has it, then the
+    /// other three.
+    #[arg(long, value_name = "GROUPS", value_delimiter = ',')]
+    pub(super) kx: Option<Vec<KxGroupName>>,
+    /// Session resumption: on or off.
+    #[arg(long, value_name = "on|off", value_parser = parse_on_off)]
+    pub(super) resumption: Option<bool>,
+    /// Require client certificates chaining to this CA (mTLS).
+    #[arg(long, value_name = "FILE")]
+    pub(super) client_ca: Option<PathBuf>,
+}
+
+impl ListenerFlags {
+    /// Whether any listener flag was given.
+    pub fn is_set(&self) -> bool {
+        *self != Self::default()
+    }
+
+    /// Applies the flags to the file's single listener, or makes the listener from them
+    /// when the file has none (then `--listen`, `--upstream`, `--cert` and `--key` are
+    /// required). With several listeners in the file, flags would be ambiguous: an error.
+    pub fn apply(&self, cfg: &mut Config) -> Result<(), ConfigError> {
+        if !self.is_set() {
+            return Ok(());
+        }
+        match cfg.listeners.len() {
+            0 => cfg.listeners.push(self.new_listener()?),
+            1 => {}
+            n => {
+                return Err(ConfigError {
+                    problems: vec![format!(
+                        "listener flags (--listen, --cert, --upstream, ...) are ambiguous: the config file defines {n} listeners; set these in the file instead"
+                    )],
+                })
+            }
+        }
+        self.apply_to(&mut cfg.listeners[0]);
+        Ok(())
+    }
+
+    /// A listener of the required flags, every other field at the config's default.
+    fn new_listener(&self) -> Result<ListenerConfig, ConfigError> {
+        let missing: Vec<&str> = [
+            ("--listen", self.listen.is_none()),
+            ("--upstream", self.upstream.is_empty()),
+            ("--cert", self.cert.is_none()),
+            ("--key", self.key.is_none()),
+        ]
+        .into_iter()
+        .filter_map(|(flag, absent)| absent.then_some(flag))
+        .collect();
+        if !missing.is_empty() {
+            return Err(ConfigError {
+                problems: vec![format!(
+                    "a listener given by flags needs {}",
+                    missing.join(", ")
+                )],
+            });
+        }
+        // Through serde, so the defaults are the file's, spelled once in config.rs.
+        Ok(
+            toml::from_str("listen = \"\"\ncert = \"\"\nkey = \"\"\nupstream = []")
+                .expect("the required fields make a listener"),
+        )
+    }
+
+    fn apply_to(&self, l: &mut ListenerConfig) {
+        if let Some(v) = &self.listen {
+            l.listen = v.clone();
+        }
+        if let Some(v) = &self.name {
+            l.name = Some(v.clone());
+        }
+        if !self.upstream.is_empty() {
+            l.upstream = self.upstream.clone();
+        }
+        if let Some(v) = self.balance {
+            l.balance = v;
+        }
+        if let Some(v) = self.health_check {
+            l.health_check.kind = v;
+        }
+        if let Some(v) = self.health_check_interval {
+            l.health_check.interval = v;
+        }
+        if let Some(v) = &self.cert {
+            l.cert = v.clone();
+        }
+        if let Some(v) = &self.key {
+            l.key = v.clone();
+        }
+        if let Some(v) = self.upstream_protocol {
+            l.upstream_protocol = v;
+        }
+        if let Some(v) = self.upstream_idle_timeout {
+            l.upstream_idle_timeout = v;
+        }
+        if !self.proxy_protocol_from.is_empty() {
+            l.proxy_protocol = Some(ProxyProtocolConfig {
+                trusted: self.proxy_protocol_from.clone(),
+            });
+        }
+        if let Some(v) = &self.upstream_ca {
+            l.upstream_tls.ca = Some(v.clone());
+        }
+        if let Some(v) = &self.upstream_server_name {
+            l.upstream_tls.server_name = Some(v.clone());
+        }
+        if let Some(v) = self.mode {
+            l.mode = v;
+        }
+        if let Some(v) = self.error_body {
+            l.error_body = v;
+        }
+        if let Some(v) = self.tls_min {
+            l.tls.min_version = v;
+        }
+        if let Some(v) = self.tls_max {
+            l.tls.max_version = v;
+        }
+        if let Some(v) = &self.kx {
+            l.tls.kx_groups = Some(v.clone());
+        }
+        if let Some(v) = self.resumption {
+            l.tls.resumption = v;
+        }
+        if let Some(v) = &self.client_ca {
+            l.tls.client_ca = Some(v.clone());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    #[derive(Parser)]
+    struct Flags {
+        #[command(flatten)]
+        listener: ListenerFlags,
+    }
+
+    fn flags(args: &[&str]) -> ListenerFlags {
+        Flags::parse_from(std::iter::once("proxy").chain(args.iter().copied())).listener
+    }
+
+    #[test]
+    fn a_listener_from_flags_has_the_files_defaults() {
+        let mut from_flags = Config::empty();
+        flags(&[
+            "--listen",
+            "127.0.0.1:6333",
+            "--upstream",
+            "http://q:6333",
+            "--cert",
+            "c.pem",
+            "--key",
+            "k.pem",
+        ])
+        .apply(&mut from_flags)
+        .unwrap();
+        let from_file: ListenerConfig = toml::from_str(
+            "listen = \"127.0.0.1:6333\"\nupstream = \"http://q:6333\"\ncert = \"c.pem\"\nkey = \"k.pem\"",
+        )
+        .unwrap();
+        assert_eq!(
+            serde_json::to_value(&from_flags.listeners[0]).unwrap(),
+            serde_json::to_value(&from_file).unwrap()
+        );
+    }
+
+    #[test]
+    fn flags_override_the_files_listener_and_need_the_required_ones_alone() {
+        assert!(!flags(&[]).is_set());
+        let mut cfg = Config::empty();
+        let err = flags(&["--listen", "127.0.0.1:1"])
+            .apply(&mut cfg)
+            .unwrap_err();
+        assert!(
+            err.to_string().contains("--upstream, --cert, --key"),
+            "{err}"
+        );
+        let mut cfg = Config::empty();
+        cfg.listeners.push(
+            toml::from_str(
+                "listen = \"a:1\"\nupstream = \"http://q:1\"\ncert = \"c\"\nkey = \"k\"",
+            )
+            .unwrap(),
+        );
+        flags(&["--error-body", "text", "--mode", "tcp"])
+            .apply(&mut cfg)
+            .unwrap();
+        assert_eq!(cfg.listeners[0].error_body, ErrorBody::Text);
+        assert_eq!(cfg.listeners[0].mode, ListenerMode::Tcp);
+        assert_eq!(cfg.listeners[0].listen, "a:1");
+    }
+}

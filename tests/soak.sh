@@ -10,4 +10,4 @@ export SOAK_SECONDS="${SOAK_SECONDS:-600}"
 export SOAK_REPORT="${SOAK_REPORT:-$PWD/results/soak/report.json}"
 mkdir -p "$(dirname "$SOAK_REPORT")"
 cargo build --workspace
-exec cargo test -p e2e --test proxy_soak -- --ignored --nocapture
+exec cargo test -p e2e --test proxy soak -- --ignored --nocapture

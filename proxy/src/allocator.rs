@@ -14,14 +14,9 @@
 //! An operator's own `MALLOC_TRIM_THRESHOLD_` or `MALLOC_MMAP_THRESHOLD_` (glibc's
 //! environment tunables) wins: the proxy then leaves both alone.
 //!
-//! Why glibc's malloc and not a replacement: mimalloc (0.1.52 as `#[global_allocator]`)
-//! was measured against it on 2026-12-03 (`loadgen bench --setups one-worker --algorithms
-//! ecdsa-p256 --parts handshake,upsert --repeat 2`, four runs in the order glibc, mimalloc,
-//! mimalloc, glibc; ratios to nginx in the same run). A new connection with a tiny GET cost
-//! the same (0.55x/0.55x with glibc, 0.58x/0.54x with mimalloc), a new connection carrying
-//! one upsert cost more with mimalloc (416 KB gRPC 0.86x/0.85x against 0.66x/0.80x, 800 KB
-//! JSON 0.65x/0.60x against 0.51x/0.60x). malloc and free are about 7 % of the proxy's
-//! samples in a profile of the tiny-GET row, so an allocator can win little there.
+//! Why glibc's malloc and not a replacement: mimalloc cost the same per new connection
+//! and more per upsert in `loadgen bench` (docs/benchmarks.md, "Allocator"); malloc and
+//! free are a small share of the proxy's samples, so an allocator can win little.
 
 /// Free memory at the top of a heap kept rather than returned to the kernel.
 pub const TRIM_THRESHOLD: i32 = 8 * 1024 * 1024;

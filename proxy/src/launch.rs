@@ -1,7 +1,7 @@
 //! Starting a `proxy run` process from typed settings and finding what it bound: the one
 //! launcher of `loadgen compare`, `loadgen bench`, the examples and the end-to-end tests.
 //!
-//! It owns three things that used to be written once per caller:
+//! It owns three things every caller needs, written once:
 //! - [`ProxySettings`]: what a benchmark or a comparison starts a proxy with, written as the
 //!   proxy's own TOML (only what is set, so that an older build reads it too: a bench of the
 //!   binary before a change, for before/after figures);

@@ -175,6 +175,44 @@ pub fn sha256_hex(data: &[u8]) -> String {
         .collect()
 }
 
+/// Polls `probe` every 100 ms until it gives a value, for at most `limit`, and returns that
+/// value; past the limit the test fails with `what` (say what was awaited). The suite's one
+/// bounded wait for a condition in another process.
+pub fn eventually<T>(what: &str, limit: Duration, mut probe: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(value) = probe() {
+            return value;
+        }
+        assert!(Instant::now() < deadline, "not within {limit:?}: {what}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// [`eventually`] for a probe that must not block the runtime it runs on.
+pub async fn eventually_async<T, F>(what: &str, limit: Duration, mut probe: impl FnMut() -> F) -> T
+where
+    F: std::future::Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(value) = probe().await {
+            return value;
+        }
+        assert!(Instant::now() < deadline, "not within {limit:?}: {what}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Raises this process's open-file limit to its hard limit, for tests that hold a thousand
+/// connections.
+pub fn raise_open_file_limit() {
+    use nix::sys::resource::{getrlimit, setrlimit, Resource};
+    if let Ok((_, hard)) = getrlimit(Resource::RLIMIT_NOFILE) {
+        let _ = setrlimit(Resource::RLIMIT_NOFILE, hard, hard);
+    }
+}
+
 /// A loopback address with a port that was free a moment ago, for servers that cannot
 /// report a port they chose themselves.
 pub fn free_loopback_addr() -> SocketAddr {

@@ -45,6 +45,17 @@ impl ProxyProcess {
         Self::start_raw(&args)
     }
 
+    /// The tests' default proxy: aws-lc-rs with the ECDSA P-256 certificate, in front of
+    /// `upstream`, with `extra` flags.
+    pub fn in_front_of(upstream: &str, extra: &[&str]) -> Self {
+        Self::start(
+            upstream,
+            ProviderName::AwsLcRs,
+            CertAlgorithmName::EcdsaP256,
+            extra,
+        )
+    }
+
     /// Starts `proxy run ARGS --admin 127.0.0.1:0 --ready-file ...` through the proxy's
     /// launcher and waits for it.
     pub fn start_raw(args: &[String]) -> Self {
@@ -104,6 +115,11 @@ impl ProxyProcess {
             );
             std::thread::sleep(Duration::from_millis(50));
         }
+    }
+
+    /// The sum of every series of `name` whose labels contain `labels`, scraped now.
+    pub fn metric(&self, name: &str, labels: &[(&str, &str)]) -> f64 {
+        metric_sum(&self.metrics(), name, labels)
     }
 
     /// Sends SIGTERM.

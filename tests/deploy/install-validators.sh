@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Installs the deployment validators tests/deploy.rs uses, each in its own virtualenv
+# Installs the deployment validators tests/deploy/manifests.rs uses, each in its own virtualenv
 # (their pins conflict: docker-compose 1.29 wants jsonschema 3, kubernetes-validate 4+):
 #   $DIR/compose: docker-compose 1.29.2 (`config` validates a compose file, no daemon);
 #                 it pins PyYAML 5, which builds only with Cython < 3 and no build isolation

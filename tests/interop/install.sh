@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Installs the third-party clients tests/interop.rs drives, each in its own virtualenv from
+# Installs the third-party clients tests/tools/interop.rs drives, each in its own virtualenv from
 # PyPI (pinned, so a new release cannot change a verdict unnoticed):
 #   $DIR/qdrant-client: the official Python qdrant-client, its newest 1.x (REST via httpx,
 #                       gRPC via grpcio)

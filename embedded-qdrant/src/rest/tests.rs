@@ -1,4 +1,4 @@
-//! The handlers' shapes where the official clients' lists (tests/interop.rs,
+//! The handlers' shapes where the official clients' lists (tests/tools/interop.rs,
 //! tests/qdrant_compat.rs) do not reach: rejections, the key, the envelope of every
 //! error, routes not served. Each test runs the real router over a real store in a
 //! scratch folder, called as a service (no socket: the server loop is covered end to end

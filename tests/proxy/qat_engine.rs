@@ -1,0 +1,451 @@
+//! openssl-qat against the real QAT_Engine provider, installed as Intel's installation
+//! guide describes (QAT_Engine's README, "Installation Instructions"; deploy/QAT.md names
+//! the versions tested): with QAT hardware, or in software mode (qat_sw: multi-buffer RSA
+//! and ECDSA on AVX-512 IFMA), which is the same provider code path a device uses
+//! (asynchronous jobs, the provider's polling thread, its configuration section) with the
+//! arithmetic done by crypto_mb instead of the device.
+//!
+//! Opt-in: this project ships no build of it. Each test takes the `ossl-modules`
+//! directory of an installed provider from an environment variable and says so and stops
+//! when it is not set:
+//!
+//! ```text
+//! QAT_PROVIDER_DIR=/usr/local/lib64/ossl-modules \
+//!     cargo test -p e2e --test proxy qat_engine -- --ignored
+//! ```
+//!
+//! `QAT_PROVIDER_DEBUG_DIR` names a build configured with `--enable-qat_debug` (the test
+//! that reads the provider's own log of its settings), `QAT_PROVIDER_STOCK_DIR` one as
+//! released, on a CPU where it switches qat_sw off (the test of a provider that loads but
+//! does not offload).
+
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use e2e::*;
+use proxy::crypto::{CertAlgorithmName, ProviderName};
+
+/// The `ossl-modules` directory of an installed QAT_Engine provider named by `var`, or
+/// None, having said why the test does not run, when it is unset or holds no
+/// qatprovider.so.
+fn installed_provider(var: &str) -> Option<String> {
+    let Some(dir) = std::env::var_os(var).map(PathBuf::from) else {
+        eprintln!(
+            "skipped: {var} is not set; set it to the ossl-modules directory of a QAT_Engine \
+             provider installed per Intel's guide (see deploy/QAT.md)"
+        );
+        return None;
+    };
+    assert!(
+        dir.join("qatprovider.so").is_file(),
+        "{var}={}: no qatprovider.so there",
+        dir.display()
+    );
+    Some(dir.display().to_string())
+}
+
+/// An installed provider that can sign on this CPU (see [`require_avx512_ifma`]).
+fn modules(var: &str) -> Option<String> {
+    let dir = installed_provider(var)?;
+    require_avx512_ifma();
+    Some(dir)
+}
+
+/// qat_sw signs RSA and ECDSA with crypto_mb's AVX-512 IFMA code; QAT_Engine v1.8.1 still
+/// enables qat_sw on a CPU with only AVX2 and VAES, and every signature then fails inside
+/// the provider. Say so instead of failing on a proxy that (rightly) refuses to start.
+fn require_avx512_ifma() {
+    assert!(
+        !proxy::crypto::qat::cpu_lacks_avx512_ifma(),
+        "this CPU has no AVX-512 IFMA: QAT_Engine's qat_sw cannot sign RSA or ECDSA here \
+         (crypto_mb's multi-buffer code needs it), so this test cannot run on this machine; \
+         run it on an Intel Xeon from Ice Lake on, or an AMD EPYC from Zen 4 on"
+    );
+}
+
+const CONCURRENT: usize = 32;
+
+/// Signatures go to qatprovider in full batches (the proof's eight, then handshakes
+/// arriving together; RSA and P-384, while P-256 signs in software by default), X25519 key
+/// pairs come from batches generated ahead, a lone handshake is signed in software instead
+/// of waiting for a batch, and the record layer stays on OpenSSL's default provider (a
+/// qat_sw build with its AES-GCM enabled crashes in decryption when the record layer is
+/// routed to it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs an installed QAT_Engine provider: QAT_PROVIDER_DIR (deploy/QAT.md)"]
+async fn qat_sw_signs_concurrent_handshakes_in_batches_and_leaves_the_record_layer_alone() {
+    let upstream = EchoUpstream::start();
+    let Some(modules) = modules("QAT_PROVIDER_DIR") else {
+        return;
+    };
+    for alg in [
+        CertAlgorithmName::Rsa2048,
+        CertAlgorithmName::EcdsaP256,
+        CertAlgorithmName::Rsa4096,
+        CertAlgorithmName::EcdsaP384,
+    ] {
+        let proxy = ProxyProcess::start(
+            &upstream.url(),
+            ProviderName::OpensslQat,
+            alg,
+            &["--qat-module-path", &modules, "--worker-threads", "2"],
+        );
+        let log = proxy.log_text();
+        assert!(
+            log.contains(
+                "signature fetched from provider \\\"qatprovider\\\", offloaded (a batch of 8"
+            ) || log.contains(
+                "signature fetched from provider \"qatprovider\", offloaded (a batch of 8"
+            ),
+            "{log}"
+        );
+        assert!(log.contains("enable_external_polling=0"), "{log}");
+        let before = proxy.metrics();
+        assert_eq!(
+            metric_value(
+                &before,
+                "proxy_qat_provider_info",
+                &[("mode", "qat_sw"), ("batch", "8")]
+            ),
+            Some(1.0),
+            "{before}"
+        );
+        let offloaded_before = metric_sum(
+            &before,
+            "proxy_qat_signatures_total",
+            &[("outcome", "offloaded")],
+        );
+        // Eight proof signatures, all taken asynchronously.
+        assert!(offloaded_before >= 8.0, "{before}");
+
+        // Many handshakes at once, each with a 64 KiB body through AES-GCM both ways.
+        let body = Bytes::from(vec![0x5a; 64 * 1024]);
+        let mut tasks = Vec::new();
+        for _ in 0..CONCURRENT {
+            let (addr, body) = (proxy.addr, body.clone());
+            tasks.push(tokio::spawn(async move {
+                let cfg = client_config(&ClientOpts::default());
+                request_bounded(addr, cfg, "POST", "/upsert", &[], body).await
+            }));
+        }
+        for t in tasks {
+            let a = t.await.unwrap().unwrap();
+            assert_eq!(a.status, 200);
+            assert_eq!(a.json()["body_len"], 64 * 1024);
+        }
+        let m = proxy.metrics();
+        let offloaded = metric_sum(
+            &m,
+            "proxy_qat_signatures_total",
+            &[("outcome", "offloaded")],
+        );
+        let software = metric_sum(&m, "proxy_qat_signatures_total", &[("outcome", "software")]);
+        if alg == CertAlgorithmName::EcdsaP256 {
+            // qat.offload_p256 is off: P-256 signatures stay where the handshake runs.
+            assert_eq!(offloaded, offloaded_before, "{m}");
+            assert!(software >= CONCURRENT as f64, "{m}");
+        } else {
+            assert!(
+                offloaded > offloaded_before,
+                "no handshake signature was offloaded with {CONCURRENT} at once:\n{m}"
+            );
+            // Batches went to the provider, counted.
+            let batches = metric_sum(&m, "proxy_qat_batches_total", &[]);
+            assert!(batches >= 1.0, "{m}");
+        }
+        // Key pairs for X25519 were generated ahead in provider batches.
+        assert!(
+            metric_sum(
+                &m,
+                "proxy_qat_x25519_keys_total",
+                &[("outcome", "offloaded")]
+            ) >= 1.0,
+            "{m}"
+        );
+        for failed in ["proxy_qat_signatures_total", "proxy_qat_x25519_keys_total"] {
+            assert_eq!(
+                metric_sum(&m, failed, &[("outcome", "failed")]),
+                0.0,
+                "{failed}: {m}"
+            );
+        }
+
+        // One handshake alone: signed in software, not parked waiting for a batch.
+        let sync_before = metric_sum(&m, "proxy_qat_signatures_total", &[("outcome", "software")]);
+        let started = Instant::now();
+        let a = get(proxy.addr, "/alone").await.unwrap();
+        assert_eq!(a.status, 200);
+        let m = proxy.metrics();
+        assert_eq!(
+            metric_sum(&m, "proxy_qat_signatures_total", &[("outcome", "software")]),
+            sync_before + 1.0,
+            "a lone handshake should be signed in software:\n{m}"
+        );
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "a lone handshake took {:?}",
+            started.elapsed()
+        );
+        assert_eq!(
+            metric_sum(
+                &m,
+                "proxy_tls_handshakes_total",
+                &[("provider", "openssl-qat"), ("outcome", "ok")]
+            ),
+            (CONCURRENT + 1) as f64,
+            "{m}"
+        );
+        assert!(
+            !proxy.log_text().contains("SIGSEGV"),
+            "{}",
+            proxy.log_text()
+        );
+    }
+}
+
+/// One openssl-qat cell of the provider x algorithm x TLS version matrix: a verified
+/// request through the proxy with the provider loaded, answered by the upstream, and the
+/// handshake counted with the version asked for (TLS 1.2 takes its X25519 key pair from
+/// the stock through the two-step exchange).
+async fn matrix_cell(alg: CertAlgorithmName, tls13: bool) {
+    let Some(modules) = modules("QAT_PROVIDER_DIR") else {
+        return;
+    };
+    let upstream = EchoUpstream::start();
+    let proxy = ProxyProcess::start(
+        &upstream.url(),
+        ProviderName::OpensslQat,
+        alg,
+        &["--qat-module-path", &modules],
+    );
+    let version = if tls13 { "1.3" } else { "1.2" };
+    let cfg = client_config(&ClientOpts {
+        tls13,
+        tls12: !tls13,
+        ..ClientOpts::default()
+    });
+    let body = format!("upsert through openssl-qat with {alg} over TLS {version}");
+    let a = request_bounded(
+        proxy.addr,
+        cfg,
+        "POST",
+        "/points",
+        &[],
+        Bytes::from(body.clone()),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{alg} TLS {version}: {e}\n{}", proxy.log_text()));
+    assert_eq!(a.status, 200);
+    assert_eq!(a.json()["body_sha256"], sha256_hex(body.as_bytes()));
+    let m = proxy.metrics();
+    assert_eq!(
+        metric_value(
+            &m,
+            "proxy_tls_handshakes_total",
+            &[
+                ("provider", "openssl-qat"),
+                ("algorithm", alg.as_str()),
+                ("tls_version", version),
+                ("outcome", "ok"),
+                ("resumed", "false"),
+            ],
+        ),
+        Some(1.0),
+        "{m}"
+    );
+}
+
+/// One test per cell, so that a failing cell hides none of the others.
+macro_rules! matrix_cells {
+    ($($name:ident: $alg:ident, $tls13:expr;)*) => {$(
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        #[ignore = "needs an installed QAT_Engine provider: QAT_PROVIDER_DIR (deploy/QAT.md)"]
+        async fn $name() {
+            matrix_cell(CertAlgorithmName::$alg, $tls13).await;
+        }
+    )*};
+}
+
+matrix_cells! {
+    matrix_rsa2048_tls13: Rsa2048, true;
+    matrix_rsa2048_tls12: Rsa2048, false;
+    matrix_rsa4096_tls13: Rsa4096, true;
+    matrix_rsa4096_tls12: Rsa4096, false;
+    matrix_ecdsa_p256_tls13: EcdsaP256, true;
+    matrix_ecdsa_p256_tls12: EcdsaP256, false;
+    matrix_ecdsa_p384_tls13: EcdsaP384, true;
+    matrix_ecdsa_p384_tls12: EcdsaP384, false;
+}
+
+/// QAT_Engine as released switches qat_sw off on a non-Intel CPU but still registers its
+/// algorithms. The start-up proof names what happens: RSA signing fails inside the
+/// provider (not "key does not match certificate"), and P-256 signs without ever pausing
+/// its job (loaded but not offloading).
+#[test]
+#[ignore = "needs an installed QAT_Engine provider: QAT_PROVIDER_DIR (deploy/QAT.md)"]
+fn a_provider_that_is_loaded_but_not_offloading_is_named_as_such() {
+    // On an Intel CPU the released build offloads: there is nothing of this kind to test.
+    let Some(stock) = installed_provider("QAT_PROVIDER_STOCK_DIR") else {
+        return;
+    };
+    let start = |alg: CertAlgorithmName, extra: &[&str]| {
+        let mut flags = vec!["--provider", "openssl-qat", "--qat-module-path", &stock];
+        flags.extend_from_slice(extra);
+        run_proxy_with_cert_to_exit(alg, &flags)
+    };
+    let (status, out) = start(CertAlgorithmName::Rsa2048, &[]);
+    assert_eq!(status.code(), Some(1), "{out}");
+    assert!(out.contains("failed inside the provider"), "{out}");
+    assert!(!out.contains("does not match"), "{out}");
+    let (status, out) = start(CertAlgorithmName::EcdsaP256, &[]);
+    assert_eq!(status.code(), Some(1), "{out}");
+    assert!(out.contains("loaded but not offloading"), "{out}");
+}
+
+/// The provider reads its settings from the OpenSSL configuration section the proxy writes
+/// (the debug build logs what it read), and a section that turns on external polling,
+/// which the provider offers no poll call for, leaves signatures unanswered: the proof
+/// fails after its timeout instead of the proxy hanging, which is why the proxy refuses
+/// `qat.polling = "external"` itself.
+#[test]
+#[ignore = "needs an installed QAT_Engine provider: QAT_PROVIDER_DIR (deploy/QAT.md)"]
+fn the_provider_reads_the_settings_the_proxy_writes() {
+    let Some(debug) = modules("QAT_PROVIDER_DEBUG_DIR") else {
+        return;
+    };
+    let (cert, key) = server_cert(CertAlgorithmName::Rsa2048);
+    let (cert, key) = (cert.display().to_string(), key.display().to_string());
+    // Start, prove, then exit on SIGTERM: run it as a real server for a moment.
+    let mut proxy = ProxyProcess::start(
+        "http://127.0.0.1:1",
+        ProviderName::OpensslQat,
+        CertAlgorithmName::Rsa2048,
+        &["--qat-module-path", &debug],
+    );
+    let log = proxy.log_text();
+    assert!(log.contains("- External polling: OFF"), "{log}");
+    assert!(log.contains("- Heuristic polling: OFF"), "{log}");
+    proxy.terminate();
+    proxy.wait_exit(Duration::from_secs(10));
+
+    // check-config shows the section; turn external polling on in it, as a user's
+    // OPENSSL_CONF could, and start with that file.
+    let dir = temp_dir("qat-settings");
+    let toml = dir.join("proxy.toml");
+    std::fs::write(
+        &toml,
+        format!(
+            "provider = \"openssl-qat\"\n[qat]\nmodule_path = \"{debug}/qatprovider.so\"\n\
+             [[listener]]\nlisten = \"127.0.0.1:0\"\ncert = \"{cert}\"\nkey = \"{key}\"\n\
+             upstream = \"http://127.0.0.1:6333\"\n"
+        ),
+    )
+    .unwrap();
+    let (status, out) = run_proxy_to_exit(&["check-config", &toml.display().to_string()]);
+    assert!(status.success(), "{out}");
+    let section: String = out
+        .lines()
+        .skip_while(|l| !l.contains("The OpenSSL configuration the proxy loads"))
+        .skip(1)
+        .filter_map(|l| l.strip_prefix("#   "))
+        .map(|l| match l {
+            "enable_external_polling = 0" => "enable_external_polling = 1\n".to_owned(),
+            "enable_heuristic_polling = 0" => "enable_heuristic_polling = 1\n".to_owned(),
+            other => format!("{other}\n"),
+        })
+        .collect();
+    assert!(section.contains("enable_external_polling = 1"), "{out}");
+    let cnf = dir.join("openssl.cnf");
+    std::fs::write(&cnf, &section).unwrap();
+    let output = Command::new(binary("proxy"))
+        .args(["run", "--config", &toml.display().to_string()])
+        .args(["--admin", "127.0.0.1:0"])
+        .env("OPENSSL_CONF", &cnf)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{text}");
+    assert!(text.contains("- External polling: ON"), "{text}");
+    assert!(text.contains("- Heuristic polling: ON"), "{text}");
+    assert!(text.contains("from OPENSSL_CONF="), "{text}");
+    assert!(text.contains("no signature within 10 s"), "{text}");
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// Software OpenSSL in a process where the QAT provider is loaded keeps working: a plain
+/// `openssl` RSA listener beside an openssl-qat one starts (its start-up key check
+/// verifies outside qatprovider) and serves handshakes whose signature the client
+/// verifies, over TLS 1.3 and 1.2. Before the fix, on a CPU where qat_sw cannot do RSA (no
+/// AVX-512 IFMA), it refused to start: "private key ... does not match certificate", as
+/// RSA verification ran in qatprovider. Runs on any CPU: the openssl-qat listener may fall
+/// back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs an installed QAT_Engine provider: QAT_PROVIDER_DIR (deploy/QAT.md)"]
+async fn software_openssl_listeners_beside_qat_start_and_serve_rsa() {
+    let Some(modules) = installed_provider("QAT_PROVIDER_DIR") else {
+        return;
+    };
+    let upstream = EchoUpstream::start();
+    let (qat_cert, qat_key) = server_cert(CertAlgorithmName::EcdsaP256);
+    let (rsa_cert, rsa_key) = server_cert(CertAlgorithmName::Rsa2048);
+    let dir = temp_dir("qat-beside-software");
+    let config = dir.join("proxy.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "provider = \"openssl\"\n\
+             [qat]\nmodule_path = \"{}\"\nfallback = \"software\"\n\
+             [[listener]]\nname = \"qat\"\nprovider = \"openssl-qat\"\nlisten = \"127.0.0.1:0\"\n\
+             cert = \"{}\"\nkey = \"{}\"\nupstream = \"{}\"\n\
+             [[listener]]\nname = \"software\"\nlisten = \"127.0.0.1:0\"\n\
+             cert = \"{}\"\nkey = \"{}\"\nupstream = \"{}\"\n",
+            modules,
+            qat_cert.display(),
+            qat_key.display(),
+            upstream.url(),
+            rsa_cert.display(),
+            rsa_key.display(),
+            upstream.url(),
+        ),
+    )
+    .unwrap();
+    let proxy = ProxyProcess::start_raw(&["--config".to_owned(), config.display().to_string()]);
+    let software = proxy.listener("software");
+    for tls13 in [true, false] {
+        let client = client_config(&ClientOpts {
+            tls13,
+            tls12: !tls13,
+            ..ClientOpts::default()
+        });
+        let answer = request_bounded(software, client, "GET", "/", &[], Bytes::new())
+            .await
+            .unwrap_or_else(|e| {
+                panic!(
+                    "TLS 1.{}: {e}\n{}",
+                    if tls13 { 3 } else { 2 },
+                    proxy.log_text()
+                )
+            });
+        assert_eq!(answer.status, 200);
+    }
+    let m = proxy.metrics();
+    for version in ["1.3", "1.2"] {
+        assert_eq!(
+            metric_value(
+                &m,
+                "proxy_tls_handshakes_total",
+                &[
+                    ("listener", "software"),
+                    ("provider", "openssl"),
+                    ("tls_version", version),
+                    ("outcome", "ok")
+                ]
+            ),
+            Some(1.0),
+            "{m}"
+        );
+    }
+}

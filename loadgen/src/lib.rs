@@ -29,5 +29,6 @@ pub mod report;
 pub mod result;
 pub mod run;
 pub mod summary;
+pub mod terminator_flags;
 pub mod vectors;
 pub mod workload;

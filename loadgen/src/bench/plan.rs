@@ -13,7 +13,7 @@ use serde::Serialize;
 
 use super::sink::SinkMode;
 use super::terminators::{Peer, Setup};
-use crate::procs::sibling_binary;
+use crate::terminator_flags::{TerminatorFlags, DEFAULT_CLIENT_CONGESTION_CONTROL};
 
 /// The rows the benchmark can measure.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, ValueEnum, Serialize)]
@@ -70,24 +70,14 @@ impl IdleClient {
 /// The flags of `loadgen bench`.
 #[derive(Args, Debug)]
 pub struct BenchArgs {
-    /// Our providers to measure (each a proxy column).
-    #[arg(long, value_delimiter = ',', default_value = "ring,aws-lc-rs,openssl")]
-    pub providers: Vec<ProviderName>,
+    /// Our providers (each a proxy column), the algorithms of the new-connection rows, the
+    /// proxy binary and the database of the in-process rows.
+    #[command(flatten)]
+    pub terminators: TerminatorFlags,
     /// Peer terminators (Debian's packages, installed with apt-get when missing); `none`
     /// for our proxy alone.
     #[arg(long, value_delimiter = ',', default_value = "nginx,haproxy")]
     pub peers: Vec<String>,
-    /// A further `proxy run` flag for every proxy column, repeatable, e.g.
-    /// `--proxy-arg=--qat-module-path=/opt/qat/lib/ossl-modules` for openssl-qat.
-    #[arg(long = "proxy-arg", value_name = "FLAG", allow_hyphen_values = true)]
-    pub proxy_args: Vec<String>,
-    /// Certificate algorithms of the new-connection rows.
-    #[arg(
-        long,
-        value_delimiter = ',',
-        default_value = "rsa2048,ecdsa-p256,ecdsa-p384,rsa4096"
-    )]
-    pub algorithms: Vec<CertAlgorithmName>,
     /// Which rows to measure.
     #[arg(
         long,
@@ -133,13 +123,6 @@ pub struct BenchArgs {
     /// with RSA-4096, 20 upserts, 40 keep-alive requests).
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..=100_000))]
     pub instruction_units: Option<u64>,
-    /// The proxy binary (default: next to this loadgen).
-    #[arg(long)]
-    pub proxy_bin: Option<PathBuf>,
-    /// The database of the in-process rows (default: embedded-qdrant next to this
-    /// loadgen).
-    #[arg(long)]
-    pub upstream_bin: Option<PathBuf>,
     /// The proxy's worker threads in the one-worker set-up. One by default, as the peers
     /// run there (nginx `worker_processes 1`, HAProxy `nbthread 1`), so every column is one
     /// worker's cost per unit of work; 0 is the proxy's own default, one per CPU.
@@ -161,7 +144,7 @@ pub struct BenchArgs {
     /// then transmits what the window allows. A pacing algorithm (BBR) arms its pacing
     /// timer there, a cost that lands on the terminator here and on the client's own host in
     /// any deployment; cubic, the kernel's default, does not pace without an fq qdisc.
-    #[arg(long, default_value = "cubic")]
+    #[arg(long, default_value = DEFAULT_CLIENT_CONGESTION_CONTROL)]
     pub client_congestion_control: String,
     /// Where the table (bench.md), the figures (bench.json) and the logs go.
     #[arg(long, default_value = "results/bench")]
@@ -226,10 +209,10 @@ impl BenchPlan {
             bail!("--setups: name at least one (one-worker, defaults)");
         }
         Ok(Self {
-            providers: args.providers.clone(),
+            providers: args.terminators.providers().to_vec(),
             peers: parse_peers(&args.peers)?,
-            proxy_args: args.proxy_args.clone(),
-            algorithms: args.algorithms.clone(),
+            proxy_args: args.terminators.proxy_args.clone(),
+            algorithms: args.terminators.algorithms.clone(),
             parts: sorted(args.parts.clone()),
             setups: sorted(args.setups.clone()),
             idle_clients: sorted(args.idle_clients.clone()),
@@ -242,14 +225,8 @@ impl BenchPlan {
             latency_requests: args.latency_requests,
             first_response_connections: args.first_response_connections,
             instruction_units: args.instruction_units,
-            proxy_bin: args
-                .proxy_bin
-                .clone()
-                .unwrap_or_else(|| sibling_binary("proxy")),
-            upstream_bin: args
-                .upstream_bin
-                .clone()
-                .unwrap_or_else(|| sibling_binary("embedded-qdrant")),
+            proxy_bin: args.terminators.proxy_bin(),
+            upstream_bin: args.terminators.upstream_bin(),
             proxy_worker_threads: args.proxy_worker_threads,
             rounds: args.repeat.max(1),
             upstream_nodes: args.upstream_nodes,

@@ -26,6 +26,7 @@ use crate::procs::{self, sibling_binary, CpuList, Launched};
 use crate::result::{Cell, CellFailure, FAILURE_SCHEMA};
 use crate::result::{CellProvider, OnOff, TlsVersion};
 use crate::run::{self, RunArgs};
+use crate::terminator_flags::{TerminatorFlags, DEFAULT_CLIENT_CONGESTION_CONTROL};
 
 mod qat;
 use qat::{find_qat_provider, DEFAULT_CONCURRENCY, QAT_CONCURRENCY, QAT_INSTALL_DIRS};
@@ -66,17 +67,10 @@ impl Profile {
 /// The flags of `loadgen compare`.
 #[derive(Clone, Debug, Args, Serialize)]
 pub struct CompareArgs {
-    /// Providers to compare (comma-separated). Default: ring, aws-lc-rs, openssl, and
-    /// openssl-qat when a QAT provider is installed (see --qat-module-path).
-    #[arg(long, value_delimiter = ',')]
-    pub providers: Option<Vec<ProviderName>>,
-    /// Certificate algorithms to compare (comma-separated).
-    #[arg(
-        long,
-        value_delimiter = ',',
-        default_value = "rsa2048,rsa4096,ecdsa-p256,ecdsa-p384"
-    )]
-    pub algorithms: Vec<CertAlgorithmName>,
+    /// Providers, algorithms, the proxy and database binaries and further proxy flags.
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub terminators: TerminatorFlags,
     /// Output folder: cells/*.json, report.md, report.csv, report.html.
     #[arg(long, default_value = "results/compare")]
     pub out: PathBuf,
@@ -145,20 +139,11 @@ pub struct CompareArgs {
     /// quick profile and 7 GB in the full one (measured with 1024-d vectors, wait=true).
     #[arg(long)]
     pub keep_upstream_data: bool,
-    /// The proxy binary of local mode (default: next to this loadgen).
-    #[arg(long)]
-    pub proxy_bin: Option<PathBuf>,
     /// The `ossl-modules` directory of an installed QAT_Engine provider, for openssl-qat
     /// cells. Unset: QAT_PROVIDER_DIR, OPENSSL_MODULES, then the install directories
     /// deploy/QAT.md names are searched for qatprovider.so.
     #[arg(long)]
     pub qat_module_path: Option<PathBuf>,
-    /// A further `proxy run` flag for every local cell, repeatable.
-    #[arg(long = "proxy-arg", value_name = "FLAG", allow_hyphen_values = true)]
-    pub proxy_args: Vec<String>,
-    /// The upstream binary of local mode (default: embedded-qdrant next to this loadgen).
-    #[arg(long)]
-    pub upstream_bin: Option<PathBuf>,
 
     /// Remote mode: the admin URL of a running proxy (e.g. https://proxy-host:9900, served
     /// with the proxy's admin.tls_cert and verified with --ca); its provider and
@@ -218,7 +203,7 @@ impl CompareArgs {
     pub fn resolved(&self) -> CompareArgs {
         let mut args = self.clone();
         args.qat_module_path = find_qat_provider(self.qat_module_path.as_deref());
-        let providers = self.providers.clone().unwrap_or_else(|| {
+        let providers = self.terminators.providers.clone().unwrap_or_else(|| {
             let mut p = ProviderName::SOFTWARE.to_vec();
             if args.qat_module_path.is_some() {
                 p.push(ProviderName::OpensslQat);
@@ -231,18 +216,18 @@ impl CompareArgs {
         } else {
             DEFAULT_CONCURRENCY
         }));
-        args.providers = Some(providers);
+        args.terminators.providers = Some(providers);
         args
     }
 
     /// The providers compared (after [`resolved`](Self::resolved)).
     pub fn providers(&self) -> &[ProviderName] {
-        self.providers.as_deref().unwrap_or(&ProviderName::SOFTWARE)
+        self.terminators.providers()
     }
 
     /// The proxy flags of a local cell with `provider`.
     fn proxy_args_for(&self, provider: ProviderName) -> Vec<String> {
-        let mut args = self.proxy_args.clone();
+        let mut args = self.terminators.proxy_args.clone();
         if let (ProviderName::OpensslQat, Some(dir)) = (provider, &self.qat_module_path) {
             if !args.iter().any(|a| a.starts_with("--qat-module-path")) {
                 args.push(format!("--qat-module-path={}", dir.display()));
@@ -285,10 +270,7 @@ fn start_upstream(args: &CompareArgs, work: &Path) -> Result<Upstream> {
     }
     let data = work.join("upstream-data");
     let _ = std::fs::remove_dir_all(&data);
-    let bin = args
-        .upstream_bin
-        .clone()
-        .unwrap_or_else(|| sibling_binary("embedded-qdrant"));
+    let bin = args.terminators.upstream_bin();
     let mut cmd = Command::new(bin);
     cmd.args(["--rest", "127.0.0.1:0", "--grpc", "127.0.0.1:0", "--data"])
         .arg(&data);
@@ -368,7 +350,7 @@ const FLAGS_COMPARE_SETS: [&str; 16] = [
 
 /// The clients' congestion control in cells whose proxy compare starts on this machine,
 /// unless the flags after `--` name one: the bench's choice, for the bench's reason.
-const LOCAL_CELL_CONGESTION_CONTROL: &str = "cubic";
+const LOCAL_CELL_CONGESTION_CONTROL: &str = DEFAULT_CLIENT_CONGESTION_CONTROL;
 
 /// Stands for a cell's target until the cell knows it (a local cell's proxy picks its port).
 const TARGET_PER_CELL: &str = "localhost:1";
@@ -441,7 +423,7 @@ pub async fn execute(args: &CompareArgs, stop: CancellationToken) -> Result<Vec<
             QAT_INSTALL_DIRS.join(", ")
         );
     }
-    let (providers, algorithms) = (&args.providers().to_vec(), &args.algorithms);
+    let (providers, algorithms) = (&args.providers().to_vec(), &args.terminators.algorithms);
     let repeat = args.repeat.unwrap_or(args.profile.repeat());
     // Every cell's flags are parsed and checked once, up front, before anything starts.
     let base = base_run_args(args)
@@ -638,10 +620,7 @@ async fn run_local_cell(
     out: &Path,
     stop: CancellationToken,
 ) -> Result<String> {
-    let bin = args
-        .proxy_bin
-        .clone()
-        .unwrap_or_else(|| sibling_binary("proxy"));
+    let bin = args.terminators.proxy_bin();
     let loopback_port_0: SocketAddr = ([127, 0, 0, 1], 0).into();
     let settings = ProxySettings {
         provider: match &cell.provider {

@@ -13,7 +13,7 @@ use std::net::{IpAddr, Ipv4Addr};
 use http::header::{self, HeaderName, HeaderValue};
 
 use crate::config::Config;
-use crate::http::rapid_reset::{FrameCursor, ResetWatch, OPEN_BUCKET};
+use crate::rapid_reset::{FrameCursor, ResetWatch, OPEN_BUCKET};
 use crate::plan::Plan;
 use crate::proxy_protocol::{parse, Parsed};
 

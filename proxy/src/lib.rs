@@ -16,7 +16,9 @@
 //! - [`tls`] server configurations and the handshake; [`crypto`] providers, keys,
 //!   certificates and QAT;
 //! - [`http`] L7 forwarding; [`tcp`] the L4 splice; [`upstream`] the nodes, balancing,
-//!   health checks and upstream TLS; [`liveness`] what connection deadlines read and byte accounting;
+//!   health checks and upstream TLS; [`liveness`] what connection deadlines read and byte
+//!   accounting; `rapid_reset` premature stream resets counted and the flood flag they
+//!   raise;
 //! - [`admin`] /metrics, /healthz, /readyz and the switch API; [`metrics`] every metric;
 //!   [`access_log`] one line per request; [`ratelog`] rate-limited peer log lines;
 //! - [`allocator`] the C allocator's thresholds, so connections reuse freed buffers;
@@ -47,6 +49,7 @@ pub mod liveness;
 pub mod metrics;
 pub mod plan;
 pub mod proxy_protocol;
+pub(crate) mod rapid_reset;
 pub mod ratelog;
 pub mod reload;
 pub mod server;

@@ -1,6 +1,6 @@
 //! Connection liveness: the per-connection state the deadlines read ([`Activity`]: requests
 //! in flight, when anything last made progress, how many requests the client cancelled,
-//! and the rapid-reset flag that `http::rapid_reset` raises), and the client socket wrapper
+//! and the rapid-reset flag that `rapid_reset` raises), and the client socket wrapper
 //! that feeds it ([`CountingIo`]: bytes counted for the metrics, and read ahead of rustls's
 //! record-sized reads). Idle connections are found from these without a timer per read.
 
@@ -15,7 +15,7 @@ use prometheus::IntCounter;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::time::Instant;
 
-use crate::http::rapid_reset::FloodFlag;
+use crate::rapid_reset::FloodFlag;
 
 /// Why a connection's deadline fired.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -78,7 +78,7 @@ pub struct Activity {
     unfinished_bodies: AtomicU32,
     started: AtomicU64,
     cancelled: AtomicU64,
-    /// Raised by the rapid-reset watch (`http::rapid_reset`) once the client has reset too
+    /// Raised by the rapid-reset watch (`rapid_reset`) once the client has reset too
     /// many streams prematurely.
     flood: FloodFlag,
 }

@@ -9,9 +9,10 @@
 //! Its rooms: `exchange` (one request forwarded, stage by stage), `head` (the request head
 //! as the upstream gets it), `body` (request and response bodies, capped and counted),
 //! `gather` (request chunks held while the upstream cannot take them yet), `errors` (the
-//! proxy's own answers), `budget` (the request buffer budget), `rapid_reset` (premature
-//! stream resets counted and the flood flag they raise), `idle_http1` (HTTP/1.1
-//! connections parked between requests without hyper's buffers).
+//! proxy's own answers), `budget` (the request buffer budget), `idle_http1` (HTTP/1.1
+//! connections parked between requests without hyper's buffers). Rapid reset (premature
+//! stream resets counted under hyper, and the flood flag they raise) is the crate's
+//! `rapid_reset`, beside the connection state (`liveness`) that holds the flag.
 
 mod body;
 mod budget;
@@ -20,7 +21,6 @@ mod exchange;
 mod gather;
 mod head;
 mod idle_http1;
-pub(crate) mod rapid_reset;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -255,7 +255,7 @@ impl HttpForwarder {
         shutdown: CancellationToken,
     ) -> Result<(), hyper::Error> {
         let limits = &self.limits;
-        let io = TokioIo::new(rapid_reset::CalmIo::new(
+        let io = TokioIo::new(crate::rapid_reset::CalmIo::new(
             io,
             activity.clone(),
             limits.h2_max_reset_streams,

@@ -544,7 +544,11 @@ fn outgrown(files: &[PathBuf], long_functions_allowed: usize) {
     for path in files {
         let text = std::fs::read_to_string(path).unwrap();
         let lines = non_test_lines(&text);
-        let shown = path.strip_prefix(repo_root()).unwrap().display().to_string();
+        let shown = path
+            .strip_prefix(repo_root())
+            .unwrap()
+            .display()
+            .to_string();
         if lines.len() > MAX_FILE_LINES {
             too_long_files.push(format!("{shown}: {} lines", lines.len()));
         }

@@ -13,9 +13,9 @@ use std::net::{IpAddr, Ipv4Addr};
 use http::header::{self, HeaderName, HeaderValue};
 
 use crate::config::Config;
-use crate::rapid_reset::{FrameCursor, ResetWatch, OPEN_BUCKET};
 use crate::plan::Plan;
 use crate::proxy_protocol::{parse, Parsed};
+use crate::rapid_reset::{FrameCursor, ResetWatch, OPEN_BUCKET};
 
 /// Splits `data` into chunks whose sizes come from `sizes` (cycled; a zero is one byte),
 /// as a socket might deliver it.

@@ -209,20 +209,20 @@ fn tls_and_api_key_through_the_proxy(
     let collections = format!("https://localhost:{rest}/collections");
     let with_key = format!("api-key: {key}");
     assert_eq!(
-        curl_status(&ca, &collections, &[]),
+        curl_status(ca, &collections, &[]),
         "401",
         "{}",
         project.logs()
     );
     assert_eq!(
-        curl_status(&ca, &collections, &[&with_key]),
+        curl_status(ca, &collections, &[&with_key]),
         "200",
         "{}",
         project.logs()
     );
 
-    python_client_calls(rest, grpc, &ca, &key, false);
-    python_client_calls(rest, grpc, &ca, &key, true);
+    python_client_calls(rest, grpc, ca, key, false);
+    python_client_calls(rest, grpc, ca, key, true);
 }
 
 /// The pipeline's first stage in the stack: OVMS embeds the corpus the bench profile
@@ -352,9 +352,9 @@ fn faults_lose_no_acknowledged_point(
             "grpc",
         ])
         .arg("--ca")
-        .arg(&ca)
+        .arg(ca)
         .arg("--api-key-file")
-        .arg(&key_file)
+        .arg(key_file)
         .args([
             "--collection",
             "compose-faults",
@@ -392,7 +392,7 @@ fn faults_lose_no_acknowledged_point(
     );
     std::thread::sleep(Duration::from_secs(6));
     run_ok(
-        Command::new("docker").args(["restart", "-t", "30", &proxy]),
+        Command::new("docker").args(["restart", "-t", "30", proxy]),
         "restart the proxy",
     );
     let status = wait_bounded(

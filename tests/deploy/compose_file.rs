@@ -1,6 +1,7 @@
 //! The compose file as docker-compose resolves it (PyPI's docker-compose 1.29, `config`),
 //! against our binaries.
 
+use std::path::Path;
 use std::process::Command;
 
 use e2e::*;
@@ -26,18 +27,19 @@ fn compose_file_is_valid_and_agrees_with_the_binaries() {
     ] {
         assert!(services.contains_key(name), "service {name} missing");
     }
-    every_image_is_pinned(services);
-    qdrant_stays_inside_behind_its_key(services);
-    the_proxy_publishes_its_listeners(services);
-    the_rest_publishes_on_loopback_only(services);
-    the_proxy_runs_its_checked_configuration(services);
-    the_certificates_come_from_gen_certs(services);
-    loadgen_runs_compare_with_flags_it_has(services);
-    mounted_files_exist_and_prometheus_loads(services);
+    every_image_is_pinned(&c);
+    qdrant_stays_inside_behind_its_key(&c);
+    the_proxy_publishes_its_listeners(&c);
+    the_rest_publishes_on_loopback_only(&c);
+    the_proxy_runs_its_checked_configuration(&c);
+    the_certificates_come_from_gen_certs(&c);
+    loadgen_runs_compare_with_flags_it_has(&c);
+    mounted_files_exist_and_prometheus_loads(&c);
 }
 
 /// Every image pinned by version.
-fn every_image_is_pinned(services: &serde_json::Map<String, Value>) {
+fn every_image_is_pinned(c: &Value) {
+    let services = c["services"].as_object().expect("services");
     for (name, s) in services {
         let image = s["image"]
             .as_str()
@@ -58,7 +60,8 @@ fn every_image_is_pinned(services: &serde_json::Map<String, Value>) {
 /// Qdrant's own ports stay inside; Qdrant on a network of its own, internal, shared with the
 /// proxy alone, with an API key generated into a volume that only Qdrant, the generator
 /// and loadgen mount; the project's containers read-only, without capabilities.
-fn qdrant_stays_inside_behind_its_key(services: &serde_json::Map<String, Value>) {
+fn qdrant_stays_inside_behind_its_key(c: &Value) {
+    let services = c["services"].as_object().expect("services");
     assert!(
         services["qdrant"].get("ports").is_none(),
         "qdrant publishes ports"
@@ -119,14 +122,16 @@ fn qdrant_stays_inside_behind_its_key(services: &serde_json::Map<String, Value>)
 }
 
 /// The proxy publishes exactly its listeners and forwards to the qdrant service.
-fn the_proxy_publishes_its_listeners(services: &serde_json::Map<String, Value>) {
+fn the_proxy_publishes_its_listeners(c: &Value) {
+    let services = c["services"].as_object().expect("services");
     let published: Vec<u64> = services["proxy"]["ports"]
         .as_array()
         .unwrap()
         .iter()
         .map(|p| p["target"].as_u64().unwrap())
         .collect();
-    let config_text = std::fs::read_to_string(repo_root().join("deploy/compose/proxy.toml")).unwrap();
+    let config_text =
+        std::fs::read_to_string(repo_root().join("deploy/compose/proxy.toml")).unwrap();
     let ports = listen_ports(&config_text);
     for upstream in toml::from_str::<toml::Value>(&config_text).unwrap()["listener"]
         .as_array()
@@ -145,7 +150,8 @@ fn the_proxy_publishes_its_listeners(services: &serde_json::Map<String, Value>) 
 
 /// Everything else that publishes (Prometheus, Grafana: no authentication, or a default
 /// password) does so on the host's loopback only.
-fn the_rest_publishes_on_loopback_only(services: &serde_json::Map<String, Value>) {
+fn the_rest_publishes_on_loopback_only(c: &Value) {
+    let services = c["services"].as_object().expect("services");
     for (name, s) in services {
         if name == "proxy" {
             continue;
@@ -165,7 +171,10 @@ fn the_rest_publishes_on_loopback_only(services: &serde_json::Map<String, Value>
 }
 
 /// The proxy runs the mounted configuration, which checks out.
-fn the_proxy_runs_its_checked_configuration(services: &serde_json::Map<String, Value>) {
+fn the_proxy_runs_its_checked_configuration(c: &Value) {
+    let services = c["services"].as_object().expect("services");
+    let config_text =
+        std::fs::read_to_string(repo_root().join("deploy/compose/proxy.toml")).unwrap();
     let proxy = &services["proxy"];
     let command = strings(&proxy["command"]);
     assert_eq!(command[..2], ["run", "--config"]);
@@ -190,7 +199,8 @@ fn the_proxy_runs_its_checked_configuration(services: &serde_json::Map<String, V
 }
 
 /// The certificates come from our gen-certs, into the volume the proxy reads.
-fn the_certificates_come_from_gen_certs(services: &serde_json::Map<String, Value>) {
+fn the_certificates_come_from_gen_certs(c: &Value) {
+    let services = c["services"].as_object().expect("services");
     let certs_script = strings(&services["certs"]["command"]).join(" ");
     assert!(
         certs_script.contains("proxy gen-certs --out /etc/vector-tls-proxy/certs --san proxy"),
@@ -207,7 +217,12 @@ fn the_certificates_come_from_gen_certs(services: &serde_json::Map<String, Value
 
 /// loadgen: compare's flags, then every cell's run flags after `--`; the bench runs the
 /// pipeline's first stage live beside ingestion in every cell.
-fn loadgen_runs_compare_with_flags_it_has(services: &serde_json::Map<String, Value>) {
+fn loadgen_runs_compare_with_flags_it_has(c: &Value) {
+    let services = c["services"].as_object().expect("services");
+    let config_text =
+        std::fs::read_to_string(repo_root().join("deploy/compose/proxy.toml")).unwrap();
+    let ports = listen_ports(&config_text);
+    let key_file = "/run/secrets/vector-tls-proxy/qdrant-api-key";
     let lg = strings(&services["loadgen"]["command"]);
     let split = lg
         .iter()
@@ -256,12 +271,15 @@ fn loadgen_runs_compare_with_flags_it_has(services: &serde_json::Map<String, Val
 
 /// Every file mounted from the repository exists; Prometheus' configuration loads with
 /// the shipped rules and scrapes the proxy's admin port.
-fn mounted_files_exist_and_prometheus_loads(services: &serde_json::Map<String, Value>) {
+fn mounted_files_exist_and_prometheus_loads(c: &Value) {
+    let services = c["services"].as_object().expect("services");
     for (name, s) in services {
         for v in s["volumes"].as_array().into_iter().flatten() {
             if v["type"] == "bind" {
                 let source = v["source"].as_str().unwrap();
-                if source.starts_with(repo_root().to_str().unwrap()) && !source.ends_with("/results") {
+                if source.starts_with(repo_root().to_str().unwrap())
+                    && !source.ends_with("/results")
+                {
                     assert!(Path::new(source).exists(), "{name}: {source} missing");
                 }
             }

@@ -2,6 +2,8 @@
 //! schemas of a pinned Kubernetes version (PyPI's kubernetes-validate) and against our
 //! binaries.
 
+use std::process::Command;
+
 use e2e::*;
 use serde_json::Value;
 
@@ -108,19 +110,19 @@ impl<'a> Variant<'a> {
         let config = self.mounted_configuration(pod, container);
         let ports = listen_ports(&config);
         self.upstreams_are_loopback_or_verified_tls(&config, pod, qdrant_container);
-    assert_flags_exist(&args, run_help, variant);
-    let container_ports: Vec<u64> = container["ports"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|p| p["containerPort"].as_u64().unwrap())
-        .collect();
-    assert_eq!(
-        container_ports,
-        ports.iter().map(|p| *p as u64).collect::<Vec<_>>(),
-        "{variant}: container ports are the configuration's"
-    );
-    assert_eq!(container["readinessProbe"]["httpGet"]["path"], "/readyz");
+        assert_flags_exist(&args, run_help, variant);
+        let container_ports: Vec<u64> = container["ports"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| p["containerPort"].as_u64().unwrap())
+            .collect();
+        assert_eq!(
+            container_ports,
+            ports.iter().map(|p| *p as u64).collect::<Vec<_>>(),
+            "{variant}: container ports are the configuration's"
+        );
+        assert_eq!(container["readinessProbe"]["httpGet"]["path"], "/readyz");
         self.a_rollout_drops_nothing(&config, pod, container, &args);
         self.monitoring_and_network_policy();
     }
@@ -130,20 +132,20 @@ impl<'a> Variant<'a> {
     /// its Qdrant container.
     fn qdrant_peers_behind_a_key(&self) -> (&'a Value, &'a Value) {
         let variant = self.name;
-    let qdrant = v.find("StatefulSet", "qdrant");
-    assert_eq!(qdrant["spec"]["replicas"], 3);
-    v.find("PodDisruptionBudget", "qdrant");
-    let qdrant_container = qdrant["spec"]["template"]["spec"]["containers"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|c| c["name"] == "qdrant")
-        .unwrap_or_else(|| panic!("{variant}: no qdrant container"));
-    assert_eq!(
-        env_secret(qdrant_container, "QDRANT__SERVICE__API_KEY"),
-        Some(QDRANT_API_KEY_SECRET),
-        "{variant}: Qdrant without the API key"
-    );
+        let qdrant = self.find("StatefulSet", "qdrant");
+        assert_eq!(qdrant["spec"]["replicas"], 3);
+        self.find("PodDisruptionBudget", "qdrant");
+        let qdrant_container = qdrant["spec"]["template"]["spec"]["containers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["name"] == "qdrant")
+            .unwrap_or_else(|| panic!("{variant}: no qdrant container"));
+        assert_eq!(
+            env_secret(qdrant_container, "QDRANT__SERVICE__API_KEY"),
+            Some(QDRANT_API_KEY_SECRET),
+            "{variant}: Qdrant without the API key"
+        );
         (qdrant, qdrant_container)
     }
 
@@ -152,55 +154,55 @@ impl<'a> Variant<'a> {
     /// over nodes.
     fn objects_are_labelled_confined_and_spread(&self) {
         let (variant, list) = (self.name, self.list);
-    for r in list {
-        let labels = &r["metadata"]["labels"];
-        assert_eq!(
-            labels["app.kubernetes.io/part-of"], "vector-tls-proxy",
-            "{variant}: {}",
-            r["metadata"]["name"]
-        );
-        assert_eq!(
-            labels["app.kubernetes.io/managed-by"], "kustomize",
-            "{variant}: {}",
-            r["metadata"]["name"]
-        );
-        if let Some(pod) = r["spec"]["template"]["spec"].as_object() {
+        for r in list {
+            let labels = &r["metadata"]["labels"];
             assert_eq!(
-                pod["securityContext"]["seccompProfile"]["type"], "RuntimeDefault",
-                "{variant}: {} without a seccomp profile",
+                labels["app.kubernetes.io/part-of"], "vector-tls-proxy",
+                "{variant}: {}",
                 r["metadata"]["name"]
             );
-            if r["kind"] != "Job" {
-                assert!(
-                    pod.get("topologySpreadConstraints").is_some(),
-                    "{variant}: {} does not spread",
+            assert_eq!(
+                labels["app.kubernetes.io/managed-by"], "kustomize",
+                "{variant}: {}",
+                r["metadata"]["name"]
+            );
+            if let Some(pod) = r["spec"]["template"]["spec"].as_object() {
+                assert_eq!(
+                    pod["securityContext"]["seccompProfile"]["type"], "RuntimeDefault",
+                    "{variant}: {} without a seccomp profile",
                     r["metadata"]["name"]
                 );
+                if r["kind"] != "Job" {
+                    assert!(
+                        pod.get("topologySpreadConstraints").is_some(),
+                        "{variant}: {} does not spread",
+                        r["metadata"]["name"]
+                    );
+                }
             }
         }
-    }
     }
 
     /// The pod the proxy runs in (beside Qdrant in the sidecar variant, its own Deployment
     /// otherwise) and its container.
     fn proxy_pod_and_container(&self, qdrant: &'a Value) -> (&'a Value, &'a Value) {
         let variant = self.name;
-    let pod = if *variant == "sidecar" {
-        &qdrant["spec"]["template"]["spec"]
-    } else {
-        &v.find("Deployment", "vector-tls-proxy")["spec"]["template"]["spec"]
-    };
-    let container = pod["containers"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|c| c["name"] == "proxy")
-        .unwrap_or_else(|| panic!("{variant}: no proxy container"));
-    let args = strings(&container["args"]);
-    assert_eq!(
-        args[..3],
-        ["run", "--config", "/etc/vector-tls-proxy/config/proxy.toml"]
-    );
+        let pod = if variant == "sidecar" {
+            &qdrant["spec"]["template"]["spec"]
+        } else {
+            &self.find("Deployment", "vector-tls-proxy")["spec"]["template"]["spec"]
+        };
+        let container = pod["containers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["name"] == "proxy")
+            .unwrap_or_else(|| panic!("{variant}: no proxy container"));
+        let args = strings(&container["args"]);
+        assert_eq!(
+            args[..3],
+            ["run", "--config", "/etc/vector-tls-proxy/config/proxy.toml"]
+        );
         (pod, container)
     }
 
@@ -209,34 +211,34 @@ impl<'a> Variant<'a> {
     /// pods; it checks out.
     fn mounted_configuration(&self, pod: &Value, container: &Value) -> String {
         let variant = self.name;
-    let mounts = container["volumeMounts"].as_array().unwrap();
-    assert!(
-        mounts.iter().all(|m| m["subPath"].is_null()),
-        "{variant}: a subPath mount: {mounts:?}"
-    );
-    let config_mount = mounts
-        .iter()
-        .find(|m| m["mountPath"] == "/etc/vector-tls-proxy/config")
-        .unwrap_or_else(|| panic!("{variant}: no configuration mount"));
-    let config_volume = pod["volumes"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|v| v["name"] == config_mount["name"])
-        .unwrap();
-    let config_map = config_volume["configMap"]["name"].as_str().unwrap();
-    let hash = config_map
-        .strip_prefix("vector-tls-proxy-")
-        .unwrap_or_else(|| panic!("{variant}: ConfigMap {config_map} has no content hash"));
-    assert!(
-        hash.len() >= 8 && hash.chars().all(|c| c.is_ascii_alphanumeric()),
-        "{variant}: ConfigMap {config_map} has no content hash"
-    );
-    let config = v.find("ConfigMap", config_map)["data"]["proxy.toml"]
-        .as_str()
-        .unwrap()
-        .to_owned();
-    assert_config_checks(&config, &format!("{variant} ConfigMap"));
+        let mounts = container["volumeMounts"].as_array().unwrap();
+        assert!(
+            mounts.iter().all(|m| m["subPath"].is_null()),
+            "{variant}: a subPath mount: {mounts:?}"
+        );
+        let config_mount = mounts
+            .iter()
+            .find(|m| m["mountPath"] == "/etc/vector-tls-proxy/config")
+            .unwrap_or_else(|| panic!("{variant}: no configuration mount"));
+        let config_volume = pod["volumes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|v| v["name"] == config_mount["name"])
+            .unwrap();
+        let config_map = config_volume["configMap"]["name"].as_str().unwrap();
+        let hash = config_map
+            .strip_prefix("vector-tls-proxy-")
+            .unwrap_or_else(|| panic!("{variant}: ConfigMap {config_map} has no content hash"));
+        assert!(
+            hash.len() >= 8 && hash.chars().all(|c| c.is_ascii_alphanumeric()),
+            "{variant}: ConfigMap {config_map} has no content hash"
+        );
+        let config = self.find("ConfigMap", config_map)["data"]["proxy.toml"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        assert_config_checks(&config, &format!("{variant} ConfigMap"));
         config
     }
 
@@ -250,124 +252,130 @@ impl<'a> Variant<'a> {
         qdrant_container: &Value,
     ) {
         let variant = self.name;
-    let parsed: toml::Value = toml::from_str(config).expect("proxy.toml");
-    // `upstream` is one URL or a list of them.
-    let upstreams: Vec<String> = parsed["listener"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .flat_map(|l| match &l["upstream"] {
-            toml::Value::Array(nodes) => nodes.clone(),
-            one => vec![one.clone()],
-        })
-        .map(|u| u.as_str().unwrap().to_owned())
-        .collect();
-    if *variant == "sidecar" {
-        // Beside its own Qdrant: loopback only.
-        assert!(
-            upstreams.iter().all(|u| u.starts_with("http://127.0.0.1:")),
-            "{variant}: {upstreams:?}"
-        );
-    } else {
-        // Across nodes: TLS to Qdrant, verified against the CA of Qdrant's Secret,
-        // which the certificate volume projects where the configuration reads it.
-        assert!(
-            upstreams.iter().all(|u| u.starts_with("https://")),
-            "{variant}: plaintext across nodes: {upstreams:?}"
-        );
-        let env = strings(
-            &qdrant_container["env"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .filter(|e| e["value"] == "true")
-                .map(|e| e["name"].clone())
-                .collect::<Value>(),
-        );
-        for key in [
-            "QDRANT__SERVICE__ENABLE_TLS",
-            "QDRANT__CLUSTER__P2P__ENABLE_TLS",
-        ] {
+        let parsed: toml::Value = toml::from_str(config).expect("proxy.toml");
+        // `upstream` is one URL or a list of them.
+        let upstreams: Vec<String> = parsed["listener"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .flat_map(|l| match &l["upstream"] {
+                toml::Value::Array(nodes) => nodes.clone(),
+                one => vec![one.clone()],
+            })
+            .map(|u| u.as_str().unwrap().to_owned())
+            .collect();
+        if variant == "sidecar" {
+            // Beside its own Qdrant: loopback only.
             assert!(
-                env.iter().any(|e| e == key),
-                "{variant}: Qdrant without {key}"
+                upstreams.iter().all(|u| u.starts_with("http://127.0.0.1:")),
+                "{variant}: {upstreams:?}"
             );
-        }
-        for l in parsed["listener"].as_array().unwrap() {
-            let ca = l["upstream_tls"]["ca"].as_str().unwrap();
-            let file = ca
-                .strip_prefix(CERT_DIR)
-                .expect("the CA among the certificates");
-            let certs_volume = pod["volumes"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .find(|v| v["name"] == "certs")
-                .unwrap();
+        } else {
+            // Across nodes: TLS to Qdrant, verified against the CA of Qdrant's Secret,
+            // which the certificate volume projects where the configuration reads it.
             assert!(
-                certs_volume["projected"]["sources"]
+                upstreams.iter().all(|u| u.starts_with("https://")),
+                "{variant}: plaintext across nodes: {upstreams:?}"
+            );
+            let env = strings(
+                &qdrant_container["env"]
                     .as_array()
                     .unwrap()
                     .iter()
-                    .any(|s| s["secret"]["name"] == "qdrant-tls"
-                        && s["secret"]["items"][0]["path"] == file),
-                "{variant}: {ca} is not projected from qdrant-tls: {certs_volume}"
+                    .filter(|e| e["value"] == "true")
+                    .map(|e| e["name"].clone())
+                    .collect::<Value>(),
             );
+            for key in [
+                "QDRANT__SERVICE__ENABLE_TLS",
+                "QDRANT__CLUSTER__P2P__ENABLE_TLS",
+            ] {
+                assert!(
+                    env.iter().any(|e| e == key),
+                    "{variant}: Qdrant without {key}"
+                );
+            }
+            for l in parsed["listener"].as_array().unwrap() {
+                let ca = l["upstream_tls"]["ca"].as_str().unwrap();
+                let file = ca
+                    .strip_prefix(CERT_DIR)
+                    .expect("the CA among the certificates");
+                let certs_volume = pod["volumes"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .find(|v| v["name"] == "certs")
+                    .unwrap();
+                assert!(
+                    certs_volume["projected"]["sources"]
+                        .as_array()
+                        .unwrap()
+                        .iter()
+                        .any(|s| s["secret"]["name"] == "qdrant-tls"
+                            && s["secret"]["items"][0]["path"] == file),
+                    "{variant}: {ca} is not projected from qdrant-tls: {certs_volume}"
+                );
+            }
         }
-    }
     }
 
     /// A rollout drops nothing: after SIGTERM the proxy keeps accepting (not ready) for
     /// accept_grace, at least two readiness periods so the endpoint is removed first, then
     /// drains for shutdown_grace; the pod's termination grace covers both. Certificates
     /// mounted, resources requested, QAT's device asked for in its variant.
-    fn a_rollout_drops_nothing(&self, config: &str, pod: &Value, container: &Value, args: &[String]) {
+    fn a_rollout_drops_nothing(
+        &self,
+        config: &str,
+        pod: &Value,
+        container: &Value,
+        args: &[String],
+    ) {
         let variant = self.name;
         let mounts = container["volumeMounts"].as_array().unwrap();
-    let limits: toml::Value = toml::from_str(config).expect("proxy.toml");
-    let secs = |key: &str, default: f64| {
-        limits
-            .get("limits")
-            .and_then(|l| l.get(key))
-            .and_then(|v| v.as_str())
-            .map_or(default, |d| {
-                humantime::parse_duration(d).unwrap().as_secs_f64()
-            })
-    };
-    let (accept, drain) = (secs("accept_grace", 0.0), secs("shutdown_grace", 30.0));
-    let termination = pod["terminationGracePeriodSeconds"]
-        .as_f64()
-        .unwrap_or(30.0);
-    assert!(
+        let limits: toml::Value = toml::from_str(config).expect("proxy.toml");
+        let secs = |key: &str, default: f64| {
+            limits
+                .get("limits")
+                .and_then(|l| l.get(key))
+                .and_then(|v| v.as_str())
+                .map_or(default, |d| {
+                    humantime::parse_duration(d).unwrap().as_secs_f64()
+                })
+        };
+        let (accept, drain) = (secs("accept_grace", 0.0), secs("shutdown_grace", 30.0));
+        let termination = pod["terminationGracePeriodSeconds"]
+            .as_f64()
+            .unwrap_or(30.0);
+        assert!(
         termination >= accept + drain,
         "{variant}: terminationGracePeriodSeconds {termination} < accept_grace {accept} + shutdown_grace {drain}"
     );
-    if *variant != "sidecar" {
-        let period = container["readinessProbe"]["periodSeconds"]
-            .as_f64()
-            .unwrap_or(10.0);
+        if variant != "sidecar" {
+            let period = container["readinessProbe"]["periodSeconds"]
+                .as_f64()
+                .unwrap_or(10.0);
+            assert!(
+                accept >= 2.0 * period,
+                "{variant}: accept_grace {accept} s is under two readiness periods ({period} s)"
+            );
+        }
         assert!(
-            accept >= 2.0 * period,
-            "{variant}: accept_grace {accept} s is under two readiness periods ({period} s)"
+            mounts
+                .iter()
+                .any(|m| m["mountPath"] == CERT_DIR.trim_end_matches('/')),
+            "{variant}: certificates not mounted where the configuration reads them"
         );
-    }
-    assert!(
-        mounts
-            .iter()
-            .any(|m| m["mountPath"] == CERT_DIR.trim_end_matches('/')),
-        "{variant}: certificates not mounted where the configuration reads them"
-    );
-    assert!(
-        !container["resources"]["requests"].is_null(),
-        "{variant}: no resource requests"
-    );
-    if *variant == "qat" {
-        assert!(args.windows(2).any(|w| w == ["--provider", "openssl-qat"]));
-        assert_eq!(
-            container["resources"]["limits"]["qat.intel.com/cy"], "1",
-            "the QAT device plugin's resource"
+        assert!(
+            !container["resources"]["requests"].is_null(),
+            "{variant}: no resource requests"
         );
-    }
+        if variant == "qat" {
+            assert!(args.windows(2).any(|w| w == ["--provider", "openssl-qat"]));
+            assert_eq!(
+                container["resources"]["limits"]["qat.intel.com/cy"], "1",
+                "the QAT device plugin's resource"
+            );
+        }
     }
 
     /// Base and variants apply on a cluster without the Prometheus Operator; the metrics
@@ -375,23 +383,23 @@ impl<'a> Variant<'a> {
     /// plaintext ports.
     fn monitoring_and_network_policy(&self) {
         let (variant, list) = (self.name, self.list);
-    assert!(
-        list.iter().all(|r| !r["apiVersion"]
-            .as_str()
-            .unwrap_or("")
-            .starts_with("monitoring.coreos.com")),
-        "{variant}: a Prometheus Operator resource outside deploy/kubernetes/monitoring"
-    );
-    let metrics = v.find("Service", "vector-tls-proxy-metrics");
-    assert_eq!(metrics["spec"]["ports"][0]["name"], "admin");
-    assert_monitoring_matches(metrics, variant);
-    let proxy_labels = (*variant != "sidecar").then(|| {
-        &v.find("Deployment", "vector-tls-proxy")["spec"]["template"]["metadata"]["labels"]
-    });
-    assert_qdrant_reachable_through_the_proxy_only(list, proxy_labels, variant);
-    if *variant != "sidecar" {
-        v.find("PodDisruptionBudget", "vector-tls-proxy");
-    }
+        assert!(
+            list.iter().all(|r| !r["apiVersion"]
+                .as_str()
+                .unwrap_or("")
+                .starts_with("monitoring.coreos.com")),
+            "{variant}: a Prometheus Operator resource outside deploy/kubernetes/monitoring"
+        );
+        let metrics = self.find("Service", "vector-tls-proxy-metrics");
+        assert_eq!(metrics["spec"]["ports"][0]["name"], "admin");
+        assert_monitoring_matches(metrics, variant);
+        let proxy_labels = (variant != "sidecar").then(|| {
+            &self.find("Deployment", "vector-tls-proxy")["spec"]["template"]["metadata"]["labels"]
+        });
+        assert_qdrant_reachable_through_the_proxy_only(list, proxy_labels, variant);
+        if variant != "sidecar" {
+            self.find("PodDisruptionBudget", "vector-tls-proxy");
+        }
     }
 }
 
@@ -543,4 +551,3 @@ fn assert_monitoring_matches(metrics: &Value, variant: &str) {
         String::from_utf8_lossy(&out.stderr)
     );
 }
-

@@ -6,7 +6,7 @@
 //! Kubernetes variants in `kubernetes` (against the schemas of a pinned Kubernetes version,
 //! PyPI's kubernetes-validate). `.ci/run` installs the two Python tools.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Command;
 
 use e2e::*;

@@ -9,7 +9,7 @@
 //! broken file while the old configuration keeps serving; a file access log works under
 //! `ProtectSystem=strict`; `systemd-analyze security` rates the proxy's unit.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 

@@ -15,7 +15,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, SystemTime};
 
 use e2e::*;
 
@@ -150,10 +150,7 @@ fn certificates_and_results(dir: &Path) -> (PathBuf, PathBuf) {
             .arg(&certs),
         "proxy gen-certs",
     );
-    run_ok(
-        Command::new("chmod").args(["-R", "a+rX"]).arg(&dir),
-        "chmod",
-    );
+    run_ok(Command::new("chmod").args(["-R", "a+rX"]).arg(dir), "chmod");
     let results = dir.join("results");
     std::fs::create_dir_all(&results).unwrap();
     run_ok(Command::new("chmod").arg("777").arg(&results), "chmod");
@@ -165,7 +162,7 @@ fn certificates_and_results(dir: &Path) -> (PathBuf, PathBuf) {
 /// SIGTERM (the balancer's health check takes a proxy out within that).
 fn proxy_config(dir: &Path, subnet: &str) -> PathBuf {
     write(
-        &dir,
+        dir,
         "proxy.toml",
         &format!(
             r#"provider = "aws-lc-rs"
@@ -222,7 +219,7 @@ impl Proxies {
 /// DNS (a rolled proxy comes back at another address).
 fn start_the_balancer(topo: &Topology, images: &TestImages, dir: &Path) {
     let haproxy_cfg = write(
-        &dir,
+        dir,
         "haproxy.cfg",
         r#"global
     maxconn 4000
@@ -267,7 +264,7 @@ fn wait_until_ready(topo: &Topology) {
                 ])
                 .output()
                 .is_ok_and(|o| o.status.success())
-            .then_some(())
+                .then_some(())
         });
         topo.exec(
             &db,
@@ -286,7 +283,7 @@ fn wait_until_ready(topo: &Topology) {
                 ])
                 .output()
                 .is_ok_and(|o| o.status.success())
-            .then_some(())
+                .then_some(())
         });
     }
 }

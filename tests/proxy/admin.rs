@@ -1,23 +1,12 @@
 //! The admin listener under hostile clients: its connections are bounded and it checks what
 //! it reads.
 
-use std::net::SocketAddr;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
 use e2e::*;
-use http_body_util::{BodyExt, Full, StreamBody};
-use hyper::body::Frame;
-use hyper_util::rt::{TokioExecutor, TokioIo};
-use proxy::crypto::{CertAlgorithmName, ProviderName};
+use proxy::crypto::CertAlgorithmName;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
-use tokio_rustls::client::TlsStream;
-
-use super::counting_upstream::*;
-use super::h2_raw::*;
 
 /// 200 admin connections with unfinished request heads: at most admin.max_connections
 /// are kept and those are closed after the header timeout; a wrong token is refused and
@@ -108,4 +97,3 @@ async fn admin_port_bounds_connections_and_checks_what_it_reads() {
         1.0
     );
 }
-

@@ -4,17 +4,14 @@
 //! within it.
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::Bytes;
 use e2e::*;
 use http_body_util::{BodyExt, Full, StreamBody};
 use hyper::body::Frame;
 use hyper_util::rt::{TokioExecutor, TokioIo};
-use proxy::crypto::{CertAlgorithmName, ProviderName};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 use tokio_rustls::client::TlsStream;
 
@@ -99,7 +96,6 @@ async fn concurrent_upstream_requests_are_capped() {
         f64::from(refused + 1)
     );
 }
-
 
 /// Clients may send frames up to `limits.h2_max_frame_size` (1 MiB by default: an upsert
 /// then crosses the proxy as one chunk), but h2 buffers a frame whole whatever its type, so
@@ -269,8 +265,7 @@ fn kernel_send_queue_to(dst: SocketAddr) -> u64 {
         .sum()
 }
 
-fn proxy_rss(proxy: &ProxyProcess) -> u64 {
+pub(crate) fn proxy_rss(proxy: &ProxyProcess) -> u64 {
     let m = proxy.metrics();
     metric_value(&m, "process_resident_memory_bytes", &[]).expect("process metrics") as u64
 }
-

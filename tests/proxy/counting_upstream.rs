@@ -4,17 +4,9 @@
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use bytes::Bytes;
-use e2e::*;
-use http_body_util::{BodyExt, Full, StreamBody};
-use hyper::body::Frame;
-use hyper_util::rt::{TokioExecutor, TokioIo};
-use proxy::crypto::{CertAlgorithmName, ProviderName};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
-use tokio_rustls::client::TlsStream;
 
 #[derive(Default)]
 pub struct UpstreamCounts {
@@ -26,7 +18,7 @@ pub struct UpstreamCounts {
 pub struct OpenGuard(Arc<UpstreamCounts>);
 
 impl Drop for OpenGuard {
-    pub fn drop(&mut self) {
+    fn drop(&mut self) {
         self.0.open.fetch_sub(1, Ordering::SeqCst);
     }
 }
@@ -134,4 +126,3 @@ impl CountingUpstream {
         self.counts.peak.load(Ordering::SeqCst)
     }
 }
-

@@ -2,22 +2,14 @@
 //! means no request in flight, not "no byte" (PINGs and WINDOW_UPDATEs keep nothing open),
 //! and a client that reads nothing or ignores the GOAWAY is closed.
 
-use std::net::SocketAddr;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use e2e::*;
-use http_body_util::{BodyExt, Full, StreamBody};
-use hyper::body::Frame;
-use hyper_util::rt::{TokioExecutor, TokioIo};
 use proxy::crypto::{CertAlgorithmName, ProviderName};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
-use tokio_rustls::client::TlsStream;
 
-use super::counting_upstream::*;
 use super::h2_raw::*;
 
 /// 20 connections that negotiate h2 and then send no preface, or only PINGs, fill every
@@ -98,8 +90,7 @@ async fn silent_and_ping_only_h2_connections_give_their_slots_back() {
         "20 silent / PING-only h2 connections: the last closed {latest:?} after it opened; a new client was served after waiting {served_after:?}"
     );
     assert_eq!(
-        metric(
-            &proxy,
+        proxy.metric(
             "proxy_connection_closes_total",
             &[("reason", "no_first_request")]
         ),
@@ -203,19 +194,11 @@ async fn clients_that_read_nothing_or_ignore_the_goaway_are_closed() {
         ignorer_seen.closed_after
     );
     drop(slow);
+    assert!(proxy.metric("proxy_connection_closes_total", &[("reason", "stalled")]) >= 2.0);
     assert!(
-        metric(
-            &proxy,
-            "proxy_connection_closes_total",
-            &[("reason", "stalled")]
-        ) >= 2.0
-    );
-    assert!(
-        metric(
-            &proxy,
+        proxy.metric(
             "proxy_connection_closes_total",
             &[("reason", "drain_deadline")]
         ) >= 1.0
     );
 }
-

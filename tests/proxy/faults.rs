@@ -187,7 +187,10 @@ async fn upstream_down_is_502_in_qdrant_error_shape() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn beyond_max_connections_new_connections_wait_instead_of_failing() {
     let upstream = EchoUpstream::start();
-    let proxy = ProxyProcess::in_front_of(&upstream.url(), &["--max-connections", "1", "--handshake-timeout", "20s"]);
+    let proxy = ProxyProcess::in_front_of(
+        &upstream.url(),
+        &["--max-connections", "1", "--handshake-timeout", "20s"],
+    );
     // This client holds the only slot without ever handshaking.
     let holder = TcpStream::connect(proxy.addr).await.unwrap();
     proxy.wait_metric("proxy_active_connections", &[], 1.0);

@@ -15,7 +15,6 @@ use http_body_util::{BodyExt, StreamBody};
 use hyper::body::{Frame, Incoming};
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo};
-use proxy::crypto::{CertAlgorithmName, ProviderName};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 
@@ -129,7 +128,10 @@ async fn next_data(body: &mut Incoming, limit: Duration) -> Option<Bytes> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn grpc_messages_are_held_at_most_to_their_end_and_a_stream_of_whole_ones_flows() {
     let (upstream, _thread) = start_grpc_echo();
-    let proxy = ProxyProcess::in_front_of(&format!("http://{upstream}"), &["--upstream-protocol", "h2c"]);
+    let proxy = ProxyProcess::in_front_of(
+        &format!("http://{upstream}"),
+        &["--upstream-protocol", "h2c"],
+    );
     let mut sender = h2_sender(&proxy).await;
     let (tx, rx) = mpsc::channel::<Piece>(4);
     let req = Request::builder()

@@ -3,17 +3,10 @@
 //! written by hand and a reader that watches what the server sends back.
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
 use e2e::*;
-use http_body_util::{BodyExt, Full, StreamBody};
-use hyper::body::Frame;
-use hyper_util::rt::{TokioExecutor, TokioIo};
-use proxy::crypto::{CertAlgorithmName, ProviderName};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncReadExt;
 use tokio::net::TcpStream;
 use tokio_rustls::client::TlsStream;
 
@@ -142,7 +135,6 @@ pub async fn h2_connect(addr: SocketAddr) -> TlsStream<TcpStream> {
     tls
 }
 
-
 /// A HEADERS block for POST `path` with `extra` literal headers (name, value), not
 /// ending the stream.
 pub fn post_headers_block(path: &str, extra: &[(&str, &str)]) -> Vec<u8> {
@@ -176,4 +168,3 @@ pub fn hpack_length(out: &mut Vec<u8>, mut n: usize) {
 }
 
 pub const CONTINUATION: u8 = 0x9;
-

@@ -2,23 +2,9 @@
 //! trusted proxy, CONNECT refused, the client's framing errors answered as the client's, and
 //! the upstream's host as its protocol names it.
 
-use std::net::SocketAddr;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
-use std::time::{Duration, Instant};
-
 use bytes::Bytes;
 use e2e::*;
-use http_body_util::{BodyExt, Full, StreamBody};
-use hyper::body::Frame;
-use hyper_util::rt::{TokioExecutor, TokioIo};
-use proxy::crypto::{CertAlgorithmName, ProviderName};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
-use tokio_rustls::client::TlsStream;
-
-use super::counting_upstream::*;
-use super::h2_raw::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn forwarded_headers_connect_and_client_framing_errors() {
@@ -102,4 +88,3 @@ async fn h2c_requests_carry_authority_only() {
     assert_eq!(j["version"], "HTTP/2.0", "{j}");
     assert!(j["headers"]["host"].is_null(), "{j}");
 }
-

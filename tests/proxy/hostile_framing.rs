@@ -1,21 +1,12 @@
 //! Attacks on the framing already stopped, kept stopped: HTTP/2 floods (settings, pings,
 //! empty frames, CONTINUATION, HPACK bombs) and HTTP/1.1 request smuggling.
 
-use std::net::SocketAddr;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use bytes::Bytes;
 use e2e::*;
-use http_body_util::{BodyExt, Full, StreamBody};
-use hyper::body::Frame;
-use hyper_util::rt::{TokioExecutor, TokioIo};
-use proxy::crypto::{CertAlgorithmName, ProviderName};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
-use tokio_rustls::client::TlsStream;
 
+use super::bounded_resources::proxy_rss;
 use super::counting_upstream::*;
 use super::h2_raw::*;
 
@@ -179,4 +170,3 @@ async fn http1_smuggling_stays_stopped() {
         "only the chunked request was forwarded"
     );
 }
-

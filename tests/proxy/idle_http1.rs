@@ -8,7 +8,6 @@
 use std::time::Duration;
 
 use e2e::*;
-use proxy::crypto::{CertAlgorithmName, ProviderName};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio_rustls::client::TlsStream;

@@ -143,7 +143,10 @@ async fn sigterm_drains_in_flight_requests_and_exits_zero() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_keeps_accepting_for_the_accept_grace_while_not_ready() {
     let upstream = EchoUpstream::start();
-    let mut proxy = ProxyProcess::in_front_of(&upstream.url(), &["--accept-grace", "3s", "--shutdown-grace", "5s"]);
+    let mut proxy = ProxyProcess::in_front_of(
+        &upstream.url(),
+        &["--accept-grace", "3s", "--shutdown-grace", "5s"],
+    );
     let (addr, admin) = (proxy.addr, proxy.admin);
     assert_eq!(plain_get(admin, "/readyz").0, 200);
     proxy.terminate();

@@ -15,7 +15,7 @@ use bytes::Bytes;
 use e2e::*;
 use http_body_util::{BodyExt, Full, StreamBody};
 use hyper::body::Frame;
-use proxy::crypto::{CertAlgorithmName, ProviderName};
+use proxy::crypto::CertAlgorithmName;
 
 /// The body limit the proxy under test runs with: small, so that the cells run fast.
 const BODY_LIMIT: usize = 256 * 1024;

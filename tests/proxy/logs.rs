@@ -8,6 +8,8 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use e2e::*;
 use proxy::crypto::{CertAlgorithmName, ProviderName};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
 
 fn lines(path: &Path) -> Vec<String> {
     std::fs::read_to_string(path)
@@ -256,4 +258,3 @@ async fn a_scanner_cannot_flood_the_log() {
         "{m}"
     );
 }
-

@@ -131,5 +131,8 @@ fn the_cells_cover_every_software_provider_algorithm_and_version() {
             }
         }
     }
-    assert_eq!(CELLS.len(), ProviderName::SOFTWARE.len() * CertAlgorithmName::ALL.len() * 2);
+    assert_eq!(
+        CELLS.len(),
+        ProviderName::SOFTWARE.len() * CertAlgorithmName::ALL.len() * 2
+    );
 }

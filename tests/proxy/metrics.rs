@@ -11,7 +11,6 @@ use std::process::{Command, Output, Stdio};
 
 use bytes::Bytes;
 use e2e::*;
-use proxy::crypto::{CertAlgorithmName, ProviderName};
 use tokio::io::AsyncWriteExt;
 
 /// The scrape job's name in deploy/prometheus/prometheus.yml, which the rules select on.

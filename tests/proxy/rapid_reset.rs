@@ -2,20 +2,10 @@
 //! gets GOAWAY ENHANCE_YOUR_CALM within the budget, while one that cancels some of its calls
 //! is not cut off.
 
-use std::net::SocketAddr;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
 use e2e::*;
-use http_body_util::{BodyExt, Full, StreamBody};
-use hyper::body::Frame;
-use hyper_util::rt::{TokioExecutor, TokioIo};
-use proxy::crypto::{CertAlgorithmName, ProviderName};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
-use tokio_rustls::client::TlsStream;
+use tokio::io::AsyncWriteExt;
 
 use super::counting_upstream::*;
 use super::h2_raw::*;
@@ -138,8 +128,7 @@ async fn paced_rapid_reset_closes_the_connection_at_any_pace_and_upstream_speed(
             );
             // Every closing is counted with its reason, unless h2 itself refused the burst
             // first (its limit on streams reset before they were accepted).
-            let closes = metric(
-                &proxy,
+            let closes = proxy.metric(
                 "proxy_connection_closes_total",
                 &[("reason", "reset_flood")],
             );
@@ -203,12 +192,10 @@ async fn a_client_cancelling_some_calls_is_not_cut_off() {
     assert!(seen.closed_after.is_none(), "closed: {seen:?}");
     assert!(seen.data_bytes > 0, "no call answered: {seen:?}");
     assert_eq!(
-        metric(
-            &proxy,
+        proxy.metric(
             "proxy_connection_closes_total",
             &[("reason", "reset_flood")]
         ),
         0.0
     );
 }
-

@@ -209,8 +209,18 @@ fn channel_body() -> (
 }
 
 /// REST over one keep-alive HTTP/2 connection, reconnecting when it breaks.
-fn rest_over_one_h2_connection(load: &Load, rest_listener: std::net::SocketAddr) -> tokio::task::JoinHandle<()> {
-    let Load { ledger, next_id, stop, started, vectors, .. } = load.clone();
+fn rest_over_one_h2_connection(
+    load: &Load,
+    rest_listener: std::net::SocketAddr,
+) -> tokio::task::JoinHandle<()> {
+    let Load {
+        ledger,
+        next_id,
+        stop,
+        started,
+        vectors,
+        ..
+    } = load.clone();
     tokio::spawn(async move {
         let cfg = client_config(&ClientOpts {
             alpn: vec![b"h2".to_vec()],
@@ -230,9 +240,7 @@ fn rest_over_one_h2_connection(load: &Load, rest_listener: std::net::SocketAddr)
                             tokio::spawn(conn);
                             sender = Some(s);
                         }
-                        Err(e) => {
-                            ledger.failed(started, "rest-h2", format!("h2 handshake: {e}"))
-                        }
+                        Err(e) => ledger.failed(started, "rest-h2", format!("h2 handshake: {e}")),
                     },
                     Err(e) => ledger.failed(started, "rest-h2", format!("connect: {e}")),
                 }
@@ -278,8 +286,18 @@ fn rest_over_one_h2_connection(load: &Load, rest_listener: std::net::SocketAddr)
 }
 
 /// REST with a new TLS connection (HTTP/1.1) per upsert.
-fn rest_with_a_new_connection_per_upsert(load: &Load, rest_listener: std::net::SocketAddr) -> tokio::task::JoinHandle<()> {
-    let Load { ledger, next_id, stop, started, vectors, .. } = load.clone();
+fn rest_with_a_new_connection_per_upsert(
+    load: &Load,
+    rest_listener: std::net::SocketAddr,
+) -> tokio::task::JoinHandle<()> {
+    let Load {
+        ledger,
+        next_id,
+        stop,
+        started,
+        vectors,
+        ..
+    } = load.clone();
     tokio::spawn(async move {
         let cfg = client_config(&ClientOpts::default());
         while !stop.load(Ordering::Relaxed) {
@@ -307,8 +325,18 @@ fn rest_with_a_new_connection_per_upsert(load: &Load, rest_listener: std::net::S
 }
 
 /// gRPC over one channel.
-fn grpc_over_one_channel(load: &Load, grpc_listener: std::net::SocketAddr) -> tokio::task::JoinHandle<()> {
-    let Load { ledger, next_id, stop, started, vectors, .. } = load.clone();
+fn grpc_over_one_channel(
+    load: &Load,
+    grpc_listener: std::net::SocketAddr,
+) -> tokio::task::JoinHandle<()> {
+    let Load {
+        ledger,
+        next_id,
+        stop,
+        started,
+        vectors,
+        ..
+    } = load.clone();
     tokio::spawn(async move {
         let channel = grpc_channel(grpc_listener);
         let mut client = PointsClient::new(channel);
@@ -346,7 +374,10 @@ fn grpc_over_one_channel(load: &Load, grpc_listener: std::net::SocketAddr) -> to
 
 /// Clients that break off mid-body: HTTP/1.1 announcing 1 MB and sending half, and
 /// HTTP/2 likewise, then dropping the connection.
-fn clients_that_break_off_mid_body(load: &Load, rest_listener: std::net::SocketAddr) -> tokio::task::JoinHandle<()> {
+fn clients_that_break_off_mid_body(
+    load: &Load,
+    rest_listener: std::net::SocketAddr,
+) -> tokio::task::JoinHandle<()> {
     let Load { ledger, stop, .. } = load.clone();
     tokio::spawn(async move {
         let h1 = client_config(&ClientOpts::default());
@@ -371,18 +402,28 @@ fn clients_that_break_off_mid_body(load: &Load, rest_listener: std::net::SocketA
                 {
                     let conn = tokio::spawn(conn);
                     let (tx, body) = channel_body();
-                    let req = http::Request::put(format!("https://localhost:{}{UPSERT_PATH}", rest_listener.port()))
-                        .header("content-length", "1000000")
-                        .body(body)
-                        .unwrap();
+                    let req = http::Request::put(format!(
+                        "https://localhost:{}{UPSERT_PATH}",
+                        rest_listener.port()
+                    ))
+                    .header("content-length", "1000000")
+                    .body(body)
+                    .unwrap();
                     let call = tokio::spawn(async move { sender.send_request(req).await });
-                    let _ = tx.send(Ok(hyper::body::Frame::data(Bytes::from(half.clone())))).await;
+                    let _ = tx
+                        .send(Ok(hyper::body::Frame::data(Bytes::from(half.clone()))))
+                        .await;
                     tokio::time::sleep(Duration::from_millis(20)).await;
                     call.abort();
                     conn.abort();
                 }
             }
-            *ledger.requests.lock().unwrap().entry("broken-off").or_default() += 1;
+            *ledger
+                .requests
+                .lock()
+                .unwrap()
+                .entry("broken-off")
+                .or_default() += 1;
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     })

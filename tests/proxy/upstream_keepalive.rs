@@ -18,7 +18,6 @@ use bytes::Bytes;
 use e2e::*;
 use http_body_util::{BodyExt, Full};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use proxy::crypto::{CertAlgorithmName, ProviderName};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 
@@ -210,8 +209,14 @@ fn no_request_is_lost_to_an_upstream_closing_idle_connections_after_5s() {
     let (h1_addr, h1_counts) = closing_http1_upstream(rt.handle());
     let (h2c_addr, h2c_counts) = closing_h2c_upstream(rt.handle());
     // The proxy's defaults: its pool keeps idle upstream connections under 5 s.
-    let h1_proxy = ProxyProcess::in_front_of(&format!("http://{h1_addr}"), &["--upstream-protocol", "http1"]);
-    let h2c_proxy = ProxyProcess::in_front_of(&format!("http://{h2c_addr}"), &["--upstream-protocol", "h2c"]);
+    let h1_proxy = ProxyProcess::in_front_of(
+        &format!("http://{h1_addr}"),
+        &["--upstream-protocol", "http1"],
+    );
+    let h2c_proxy = ProxyProcess::in_front_of(
+        &format!("http://{h2c_addr}"),
+        &["--upstream-protocol", "h2c"],
+    );
     let (h1_failures, h2c_failures) = rt.block_on(async {
         tokio::join!(
             paced_requests(h1_proxy.addr, b"http/1.1"),
@@ -258,12 +263,15 @@ fn an_idle_timeout_of_zero_reuses_no_upstream_connection() {
         .build()
         .expect("runtime");
     let (addr, counts) = closing_http1_upstream(rt.handle());
-    let proxy = ProxyProcess::in_front_of(&format!("http://{addr}"), &[
+    let proxy = ProxyProcess::in_front_of(
+        &format!("http://{addr}"),
+        &[
             "--upstream-protocol",
             "http1",
             "--upstream-idle-timeout",
             "0s",
-        ]);
+        ],
+    );
     rt.block_on(async {
         for _ in 0..3 {
             let a = get(proxy.addr, "/collections").await.expect("answer");

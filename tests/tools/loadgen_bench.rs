@@ -7,6 +7,9 @@
 
 use e2e::*;
 
+/// The in-process rows' own column: embedded-qdrant terminating TLS itself.
+const OWN_TLS: &str = "embedded-qdrant own TLS (defaults)";
+
 #[test]
 fn bench_measures_every_row_for_the_proxy_and_both_peers() {
     let out = temp_dir("bench");
@@ -88,7 +91,6 @@ fn bench_measures_every_row_for_the_proxy_and_both_peers() {
         .map(|c| c.as_str().unwrap())
         .collect();
     // One worker each, then each at its defaults, then the database with its own TLS.
-    const OWN_TLS: &str = "embedded-qdrant own TLS (defaults)";
     assert_eq!(
         columns,
         [

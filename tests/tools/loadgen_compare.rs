@@ -140,6 +140,25 @@ fn tiny_matrix_writes_cells_and_report_and_survives_a_failing_provider() {
 
     the_csv_has_a_row_per_cell_and_metric(&csv);
     the_html_is_self_contained_with_a_bar_per_cell(&html);
+    // The report is a function of the JSON: regenerating gives identical files.
+    let again = run_loadgen(&args(&["report", out.to_str().unwrap()]), None);
+    assert!(again.status.success(), "{}", again.stderr);
+    assert_eq!(read(&out.join("report.md")), md);
+    assert_eq!(read(&out.join("report.csv")), csv);
+    assert_eq!(read(&out.join("report.html")), html);
+
+    // --resume skips the finished cells (failed ones too) and leaves their JSON alone.
+    let before = read(&out.join("cells/ring__rsa2048__r1.json"));
+    let resumed = run_loadgen(&compare_args(&out, &["--resume"]), None);
+    assert!(resumed.status.success(), "{}", resumed.stderr);
+    // 3 providers x 2 algorithms x the quick profile's 3 rounds.
+    assert_eq!(
+        resumed.stderr.matches("skipped").count(),
+        18,
+        "{}",
+        resumed.stderr
+    );
+    assert_eq!(read(&out.join("cells/ring__rsa2048__r1.json")), before);
 }
 
 /// The CSV: one row per provider x algorithm x metric, plus the header; the optional
@@ -177,7 +196,7 @@ fn the_html_is_self_contained_with_a_bar_per_cell(html: &str) {
             .filter(|m| m.charted && !m.optional)
             .count()
     );
-    let throughput = chart_svg(&html, "requests_per_second");
+    let throughput = chart_svg(html, "requests_per_second");
     for (index, bars) in [(0, ALGORITHMS.len()), (1, ALGORITHMS.len()), (2, 0)] {
         let fill = format!("fill=\"{}\"", colour_hex(provider_colour(index)));
         let coloured = throughput
@@ -195,31 +214,11 @@ fn the_html_is_self_contained_with_a_bar_per_cell(html: &str) {
         throughput.contains("n/a"),
         "the failed provider's slots say n/a"
     );
-    let power = chart_svg(&html, "requests_per_watt");
+    let power = chart_svg(html, "requests_per_watt");
     assert!(
         power.contains("n/a:") && power.contains("power measurement off"),
         "{power}"
     );
-
-    // The report is a function of the JSON: regenerating gives identical files.
-    let again = run_loadgen(&args(&["report", out.to_str().unwrap()]), None);
-    assert!(again.status.success(), "{}", again.stderr);
-    assert_eq!(read(&out.join("report.md")), md);
-    assert_eq!(read(&out.join("report.csv")), csv);
-    assert_eq!(read(&out.join("report.html")), html);
-
-    // --resume skips the finished cells (failed ones too) and leaves their JSON alone.
-    let before = read(&out.join("cells/ring__rsa2048__r1.json"));
-    let resumed = run_loadgen(&compare_args(&out, &["--resume"]), None);
-    assert!(resumed.status.success(), "{}", resumed.stderr);
-    // 3 providers x 2 algorithms x the quick profile's 3 rounds.
-    assert_eq!(
-        resumed.stderr.matches("skipped").count(),
-        18,
-        "{}",
-        resumed.stderr
-    );
-    assert_eq!(read(&out.join("cells/ring__rsa2048__r1.json")), before);
 }
 
 /// The SVG inside `<figure id="chart-KEY">`.

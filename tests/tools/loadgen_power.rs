@@ -262,7 +262,3 @@ fn the_target_hosts_cpu_comes_from_its_node_exporter_through_prometheus() {
         "{reason}"
     );
 }
-
-/// A bad value is refused before anything is changed: `--rate 0` with `--recreate` leaves
-/// the collection's points where they are, and `compare` refuses the same flag after `--`
-/// before it starts any proxy.

@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use e2e::*;
-use proxy::crypto::{CertAlgorithmName, ProviderName};
+use proxy::crypto::CertAlgorithmName;
 use serde_json::Value;
 
 #[test]
@@ -373,6 +373,9 @@ fn insecure_mode_skips_verification_and_says_so() {
     );
 }
 
+/// A bad value is refused before anything is changed: `--rate 0` with `--recreate` leaves
+/// the collection's points where they are, and `compare` refuses the same flag after `--`
+/// before it starts any proxy.
 #[test]
 fn bad_values_are_refused_before_anything_is_changed() {
     let s = LoadgenStack::start();

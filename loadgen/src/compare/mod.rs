@@ -22,7 +22,7 @@ use tokio_util::sync::CancellationToken;
 use crate::client::http::{send, Options};
 use crate::client::Protocol;
 use crate::driver::ConnectionPolicy;
-use crate::procs::{self, sibling_binary, CpuList, Launched};
+use crate::procs::{self, CpuList, Launched};
 use crate::result::{Cell, CellFailure, FAILURE_SCHEMA};
 use crate::result::{CellProvider, OnOff, TlsVersion};
 use crate::run::{self, RunArgs};

@@ -34,7 +34,7 @@ use tokio_util::sync::CancellationToken;
 
 pub use markdown::render;
 pub use plan::{BenchArgs, BenchPlan, IdleClient, Part};
-use rows::{Bench, ColumnStarter, Round, When};
+use rows::{Bench, ColumnStarter, Measure, Round, TerminatorRows};
 use table::{Row, Table};
 use terminators::{Certs, Peer, Setup, Terminator};
 use workloads::Clients;
@@ -247,7 +247,7 @@ pub async fn execute(args: &BenchArgs, stop: CancellationToken) -> Result<BenchR
 
 /// Every row set over every column: the columns' labels and the table. The sets measured
 /// in every round first, on terminators started once for all rounds; then those measured
-/// afresh, then those that start their own (see [`When`]).
+/// afresh, then those that start their own (see [`Measure`]).
 async fn measure(
     bench: &Bench<'_>,
     ctx: &StartContext<'_>,
@@ -267,7 +267,7 @@ async fn measure(
     for set in &mut sets {
         set.prepare(bench).await?;
     }
-    let failed_to_start = if sets.iter().any(|s| s.when() == When::EveryRound) {
+    let failed_to_start = if sets.iter().any(|s| s.how().every_round()) {
         measure_rounds(bench, ctx, specs, &sets, &mut table).await
     } else {
         std::collections::BTreeSet::new()
@@ -278,14 +278,14 @@ async fn measure(
         .collect();
     table.set_round(1);
     for (set, set_rows) in sets.iter().zip(&rows_of_set) {
-        if set.when() != When::Afresh {
+        let Measure::Afresh(rows) = set.how() else {
             continue;
-        }
+        };
         for spec in &measured {
             if bench.stop.is_cancelled() {
                 break;
             }
-            measure_afresh(ctx, bench, spec, set.as_ref(), set_rows, &mut table).await;
+            measure_afresh(ctx, bench, spec, rows, set_rows, &mut table).await;
         }
     }
     let starters: Vec<ColumnStarter> = measured
@@ -301,9 +301,9 @@ async fn measure(
             }),
         })
         .collect();
-    for set in sets.iter().filter(|s| s.when() == When::OnItsOwn) {
-        if !bench.stop.is_cancelled() {
-            set.measure_on_its_own(bench, &starters, &mut table).await;
+    for set in &sets {
+        if let (Measure::OnItsOwn(rows), false) = (set.how(), bench.stop.is_cancelled()) {
+            rows.measure_on_its_own(bench, &starters, &mut table).await;
         }
     }
     Ok((columns, table))
@@ -334,11 +334,14 @@ async fn measure_rounds(
                 continue;
             }
             let round = Round { bench, t, label };
-            for set in sets.iter().filter(|s| s.when() == When::EveryRound) {
+            for set in sets {
+                let Measure::EveryRound(rows) = set.how() else {
+                    continue;
+                };
                 if bench.stop.is_cancelled() {
                     break;
                 }
-                set.measure(&round, table).await;
+                rows.measure(&round, table).await;
             }
             if !t.alive() {
                 eprintln!("{label}: died during the benchmark: {}", t.log_tail());
@@ -363,7 +366,7 @@ async fn measure_afresh(
     ctx: &StartContext<'_>,
     bench: &Bench<'_>,
     spec: &ColumnSpec,
-    set: &dyn rows::RowSet,
+    set: &dyn TerminatorRows,
     set_rows: &[String],
     table: &mut Table,
 ) {

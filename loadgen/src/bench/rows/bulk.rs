@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 
-use super::{timed_figure, LoopPlan, Measuring, Round, RowSet, PER_MB};
+use super::{timed_figure, LoopPlan, Measure, Measuring, Round, RowSet, TerminatorRows, PER_MB};
 use crate::bench::table::Table;
 use crate::bench::workloads::{
     grpc_body, json_body, Bulk, Upload, BULK_JSON_BYTES, UPSERT_GRPC_BYTES,
@@ -67,6 +67,12 @@ impl RowSet for KeepAliveBulk {
         }
     }
 
+    fn how(&self) -> Measure<'_> {
+        Measure::EveryRound(self)
+    }
+}
+
+impl TerminatorRows for KeepAliveBulk {
     fn measure<'a>(&'a self, round: &'a Round<'a>, table: &'a mut Table) -> Measuring<'a, ()> {
         Box::pin(async move {
             // Any certificate: no handshake is timed.

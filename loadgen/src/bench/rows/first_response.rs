@@ -12,7 +12,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio_rustls::TlsConnector;
 
-use super::{Measuring, Round, RowSet, UNIT_LIMIT};
+use super::{Measure, Measuring, Round, RowSet, TerminatorRows, UNIT_LIMIT};
 use crate::bench::table::Table;
 use crate::bench::workloads::SERVER_NAME;
 
@@ -33,6 +33,12 @@ impl RowSet for FirstResponse {
         );
     }
 
+    fn how(&self) -> Measure<'_> {
+        Measure::EveryRound(self)
+    }
+}
+
+impl TerminatorRows for FirstResponse {
     fn measure<'a>(&'a self, round: &'a Round<'a>, table: &'a mut Table) -> Measuring<'a, ()> {
         Box::pin(async move {
             let Some(addr) = round.any_listener() else {

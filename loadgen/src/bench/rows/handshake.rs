@@ -7,7 +7,9 @@ use std::sync::Arc;
 use proxy::config::TlsPolicy;
 use proxy::crypto::{CertAlgorithmName, ProviderName};
 
-use super::{timed_figure, LoopPlan, Measuring, Round, RowSet, PER_CONNECTION};
+use super::{
+    timed_figure, LoopPlan, Measure, Measuring, Round, RowSet, TerminatorRows, PER_CONNECTION,
+};
 use crate::bench::table::Table;
 use crate::bench::workloads::{Bulk, TinyGet};
 use crate::bench::BenchPlan;
@@ -68,6 +70,12 @@ impl RowSet for TinyOnNewConnection {
         }
     }
 
+    fn how(&self) -> Measure<'_> {
+        Measure::EveryRound(self)
+    }
+}
+
+impl TerminatorRows for TinyOnNewConnection {
     fn measure<'a>(&'a self, round: &'a Round<'a>, table: &'a mut Table) -> Measuring<'a, ()> {
         Box::pin(async move {
             for k in &self.keys {

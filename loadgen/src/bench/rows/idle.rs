@@ -3,7 +3,7 @@
 //! handshake or after one request answered on each (a GET of a few bytes: over h2 an
 //! upload leaves more resident, docs/benchmarks.md), the terminator's RSS read after each
 //! step. Measured after the rounds on a
-//! terminator started afresh for each such set alone ([`When::Afresh`]).
+//! terminator started afresh for each such set alone ([`Measure::Afresh`]).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -14,7 +14,7 @@ use tokio::net::TcpStream;
 use tokio_rustls::client::TlsStream;
 use tokio_rustls::TlsConnector;
 
-use super::{Measuring, Round, RowSet, When, UNIT_LIMIT};
+use super::{Measure, Measuring, Round, RowSet, TerminatorRows, UNIT_LIMIT};
 use crate::bench::table::Table;
 use crate::bench::workloads::{TinyGet, SERVER_NAME};
 use crate::bench::IdleClient;
@@ -100,10 +100,12 @@ impl RowSet for Idle {
         }
     }
 
-    fn when(&self) -> When {
-        When::Afresh
+    fn how(&self) -> Measure<'_> {
+        Measure::Afresh(self)
     }
+}
 
+impl TerminatorRows for Idle {
     fn measure<'a>(&'a self, round: &'a Round<'a>, table: &'a mut Table) -> Measuring<'a, ()> {
         Box::pin(self.measure_afresh(round, table))
     }

@@ -23,7 +23,7 @@ use std::sync::Arc;
 use anyhow::{anyhow, Context, Result};
 use proxy::crypto::CertAlgorithmName;
 
-use super::{loop_config, Bench, ColumnStarter, Measuring, Round, RowSet, When};
+use super::{loop_config, Bench, ColumnStarter, Measure, Measuring, OwnRows, RowSet};
 use crate::bench::table::Table;
 use crate::bench::terminators::{Database, Setup, Terminator};
 use crate::bench::workloads::{self, Bulk, Clients, RecurringUpserts};
@@ -127,15 +127,6 @@ impl RowSet for InProcessTls {
         }
     }
 
-    fn when(&self) -> When {
-        When::OnItsOwn
-    }
-
-    fn measure<'a>(&'a self, _round: &'a Round<'a>, _table: &'a mut Table) -> Measuring<'a, ()> {
-        // Measured on its own: see measure_on_its_own.
-        Box::pin(async {})
-    }
-
     fn own_columns(&self) -> Vec<String> {
         if self.own_tls {
             vec![own_tls_column()]
@@ -144,6 +135,12 @@ impl RowSet for InProcessTls {
         }
     }
 
+    fn how(&self) -> Measure<'_> {
+        Measure::OnItsOwn(self)
+    }
+}
+
+impl OwnRows for InProcessTls {
     fn measure_on_its_own<'a>(
         &'a self,
         bench: &'a Bench<'a>,

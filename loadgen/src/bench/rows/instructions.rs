@@ -21,7 +21,7 @@ use anyhow::{anyhow, bail, Context, Result};
 use bytes::Bytes;
 use proxy::crypto::{CertAlgorithmName, ProviderName};
 
-use super::{loop_config, Bench, ColumnStarter, Measuring, RowSet, When};
+use super::{loop_config, Bench, ColumnStarter, Measure, Measuring, OwnRows, RowSet};
 use crate::bench::table::Table;
 use crate::bench::terminators::{ensure_tool, start_proxy, Setup, Terminator};
 use crate::bench::workloads::{
@@ -153,19 +153,12 @@ impl RowSet for Instructions {
         }
     }
 
-    fn when(&self) -> When {
-        When::OnItsOwn
+    fn how(&self) -> Measure<'_> {
+        Measure::OnItsOwn(self)
     }
+}
 
-    fn measure<'a>(
-        &'a self,
-        _round: &'a super::Round<'a>,
-        _table: &'a mut Table,
-    ) -> Measuring<'a, ()> {
-        // Measured on its own: see measure_on_its_own.
-        Box::pin(async {})
-    }
-
+impl OwnRows for Instructions {
     fn measure_on_its_own<'a>(
         &'a self,
         bench: &'a Bench<'a>,

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use anyhow::{bail, Result};
 use bytes::Bytes;
 
-use super::{Bench, Measuring, Round, RowSet, UNIT_LIMIT};
+use super::{Bench, Measure, Measuring, Round, RowSet, TerminatorRows, UNIT_LIMIT};
 use crate::bench::table::Table;
 use crate::bench::workloads::{self, json_body, Bulk, Upload};
 use crate::client::Connector;
@@ -98,6 +98,12 @@ impl RowSet for Latency {
         })
     }
 
+    fn how(&self) -> Measure<'_> {
+        Measure::EveryRound(self)
+    }
+}
+
+impl TerminatorRows for Latency {
     fn measure<'a>(&'a self, round: &'a Round<'a>, table: &'a mut Table) -> Measuring<'a, ()> {
         Box::pin(async move {
             let (key, added_key) = &self.keys;

@@ -79,22 +79,7 @@ impl Round<'_> {
 /// A future a row set measures with.
 pub type Measuring<'a, T> = Pin<Box<dyn Future<Output = T> + 'a>>;
 
-/// When a row set measures.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum When {
-    /// In every round, on the terminators started for the rounds, interleaved.
-    EveryRound,
-    /// After the rounds, on a terminator started afresh for this set alone: memory a
-    /// process freed stays resident and is reused, so one that served other rows would
-    /// show less than its connections cost.
-    Afresh,
-    /// After the rounds, by the set itself ([`RowSet::measure_on_its_own`]): it starts the
-    /// columns' terminators in front of upstreams of its own (a real database rather than
-    /// the sink), and may add columns of its own.
-    OnItsOwn,
-}
-
-/// A column a [`When::OnItsOwn`] set starts itself: its label, its set-up, and how to
+/// A column a [`Measure::OnItsOwn`] set starts itself: its label, its set-up, and how to
 /// start its terminator afresh in front of the given upstreams.
 pub struct ColumnStarter<'a> {
     /// The column's label.
@@ -108,8 +93,7 @@ pub struct ColumnStarter<'a> {
 /// Starts a column's terminator in front of the given upstreams.
 pub type StartInFrontOf<'a> = dyn Fn(&[SocketAddr]) -> Result<Terminator> + 'a;
 
-/// A kind of work the bench measures: its rows, and how one terminator's figures for them
-/// are measured.
+/// A kind of work the bench measures: its rows, and how they are measured ([`Measure`]).
 pub trait RowSet {
     /// Declares the rows, in table order.
     fn declare(&mut self, table: &mut Table);
@@ -119,31 +103,54 @@ pub trait RowSet {
         Box::pin(async { Ok(()) })
     }
 
-    /// When it measures.
-    fn when(&self) -> When {
-        When::EveryRound
-    }
-
-    /// Measures one terminator and puts its figures (or why there are none) in the table
-    /// (every set but a [`When::OnItsOwn`] one).
-    fn measure<'a>(&'a self, round: &'a Round<'a>, table: &'a mut Table) -> Measuring<'a, ()>;
+    /// When and by what it measures.
+    fn how(&self) -> Measure<'_>;
 
     /// Columns of its own beside the terminators' (a database terminating TLS itself, say),
     /// each label ending in its set-up's suffix.
     fn own_columns(&self) -> Vec<String> {
         Vec::new()
     }
+}
 
-    /// A [`When::OnItsOwn`] set's whole measurement: every round, every column it measures
-    /// (started with `columns`), its own columns too.
+/// When a row set measures, and the part of it that does.
+pub enum Measure<'s> {
+    /// In every round, on the terminators started for the rounds, interleaved.
+    EveryRound(&'s dyn TerminatorRows),
+    /// After the rounds, on a terminator started afresh for this set alone: memory a
+    /// process freed stays resident and is reused, so one that served other rows would
+    /// show less than its connections cost.
+    Afresh(&'s dyn TerminatorRows),
+    /// After the rounds, by the set itself: it starts the columns' terminators in front of
+    /// upstreams of its own (a real database rather than the sink), and may add columns of
+    /// its own.
+    OnItsOwn(&'s dyn OwnRows),
+}
+
+impl Measure<'_> {
+    /// The set measures one terminator at a time, in every round.
+    pub fn every_round(&self) -> bool {
+        matches!(self, Self::EveryRound(_))
+    }
+}
+
+/// A set measured one terminator at a time: it puts that terminator's figures (or why
+/// there are none) in the table.
+pub trait TerminatorRows {
+    /// Measures one terminator.
+    fn measure<'a>(&'a self, round: &'a Round<'a>, table: &'a mut Table) -> Measuring<'a, ()>;
+}
+
+/// A set that measures on its own: every round, every column (started with `columns`),
+/// its own columns too.
+pub trait OwnRows {
+    /// The set's whole measurement.
     fn measure_on_its_own<'a>(
         &'a self,
-        _bench: &'a Bench<'a>,
-        _columns: &'a [ColumnStarter<'a>],
-        _table: &'a mut Table,
-    ) -> Measuring<'a, ()> {
-        Box::pin(async {})
-    }
+        bench: &'a Bench<'a>,
+        columns: &'a [ColumnStarter<'a>],
+        table: &'a mut Table,
+    ) -> Measuring<'a, ()>;
 }
 
 /// The row sets `plan` asks for, in table order (the order of [`Part`]).

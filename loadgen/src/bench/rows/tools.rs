@@ -26,7 +26,9 @@ use std::time::{Duration, Instant};
 use anyhow::{anyhow, bail, Context, Result};
 use proxy::crypto::CertAlgorithmName;
 
-use super::{Measuring, Round, RowSet, Unit, PER_CONNECTION, PER_MB, PER_UPSERT};
+use super::{
+    Measure, Measuring, Round, RowSet, TerminatorRows, Unit, PER_CONNECTION, PER_MB, PER_UPSERT,
+};
 use crate::bench::table::Table;
 use crate::bench::terminators::ensure_tool;
 use crate::bench::workloads::{
@@ -252,6 +254,12 @@ impl RowSet for ToolRows {
         })
     }
 
+    fn how(&self) -> Measure<'_> {
+        Measure::EveryRound(self)
+    }
+}
+
+impl TerminatorRows for ToolRows {
     fn measure<'a>(&'a self, round: &'a Round<'a>, table: &'a mut Table) -> Measuring<'a, ()> {
         Box::pin(async move {
             for k in &self.keys {

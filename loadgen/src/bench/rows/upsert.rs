@@ -8,7 +8,9 @@ use std::sync::Arc;
 use bytes::Bytes;
 use proxy::crypto::CertAlgorithmName;
 
-use super::{timed_figure, LoopPlan, Measuring, Round, RowSet, PER_UPSERT};
+use super::{
+    timed_figure, LoopPlan, Measure, Measuring, Round, RowSet, TerminatorRows, PER_UPSERT,
+};
 use crate::bench::table::Table;
 use crate::bench::workloads::{
     grpc_body, json_body, Bulk, Upload, UPSERT_GRPC_BYTES, UPSERT_JSON_BYTES,
@@ -74,6 +76,12 @@ impl RowSet for UpsertOnNewConnection {
         }
     }
 
+    fn how(&self) -> Measure<'_> {
+        Measure::EveryRound(self)
+    }
+}
+
+impl TerminatorRows for UpsertOnNewConnection {
     fn measure<'a>(&'a self, round: &'a Round<'a>, table: &'a mut Table) -> Measuring<'a, ()> {
         Box::pin(async move {
             for k in &self.keys {

@@ -12,9 +12,7 @@ pub(crate) use args::{serialize_display, serialize_joined, serialize_opt_duratio
 pub use args::{PowerChoice, RunArgs, VectorSource};
 pub use record::write_json;
 use record::{read_out, verify};
-use setup::{
-    embeddings_http, embeddings_options, power_source, prepare_vectors, prometheus_server, watched,
-};
+use setup::{power_source, prepare_vectors, prometheus_server, watched, Embeddings};
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -59,6 +57,10 @@ pub struct RunPlan {
     target_host: Option<(Arc<probe::prometheus::Prometheus>, String)>,
     /// /proc, where this host's CPU is read.
     proc_root: PathBuf,
+    /// The pace of the live embedding load beside the measured phase, if any.
+    live_pace: Option<LivePace>,
+    /// The embeddings endpoint (the vectors' source, the live load), if the run uses one.
+    embeddings: Option<Embeddings>,
 }
 
 impl RunPlan {
@@ -113,7 +115,14 @@ impl RunPlan {
             shared_connections: args.connections,
             progress: !args.quiet,
         };
+        let live_pace = match (args.embed_live, args.embed_concurrency) {
+            (Some(rate), _) => Some(LivePace::Rate(rate)),
+            (None, Some(concurrency)) => Some(LivePace::ClosedLoop(concurrency)),
+            (None, None) => None,
+        };
         Ok(Self {
+            embeddings: Embeddings::of(args, live_pace.is_some())?,
+            live_pace,
             watched: watched(args, &proc_root)?,
             power: power_source(args)?,
             target_host: match (&args.target_node_exporter, prometheus_server(args)?) {
@@ -145,7 +154,12 @@ struct Prepared {
 /// bodies, the control connection (which also proves the target speaks TLS), the
 /// collection (recreated if asked) and its count before the run.
 async fn prepare(args: &RunArgs, plan: &RunPlan) -> Result<Prepared> {
-    let vectors = prepare_vectors(args, TEMPLATE_VARIANTS * args.points_per_request).await?;
+    let vectors = prepare_vectors(
+        args,
+        plan.embeddings.as_ref(),
+        TEMPLATE_VARIANTS * args.points_per_request,
+    )
+    .await?;
     let mut connector = Connector::new(
         plan.target.clone(),
         plan.protocol,
@@ -289,26 +303,21 @@ async fn measure(
             },
         )
     });
-    let pace = match (args.embed_live, args.embed_concurrency) {
-        (Some(rate), _) => Some(LivePace::Rate(rate)),
-        (None, Some(concurrency)) => Some(LivePace::ClosedLoop(concurrency)),
-        (None, None) => None,
-    };
-    let live = match pace {
-        Some(pace) => {
-            let opts = embeddings_options(args)?;
+    let live = match (plan.live_pace, &plan.embeddings) {
+        (Some(pace), Some(endpoint)) => {
+            let opts = &endpoint.options;
             let mut texts = vectors::chunk_corpus(&opts.corpus, opts.chunk_chars)?;
             if opts.max_chunks > 0 {
                 texts.truncate(opts.max_chunks);
             }
-            let client = EmbeddingsClient::new(&opts.url, &opts.model, embeddings_http(args)?);
+            let client = EmbeddingsClient::new(&opts.url, &opts.model, endpoint.http.clone());
             Some((
                 pace,
                 opts.batch,
                 LiveEmbedder::start(client, texts, opts.batch, pace),
             ))
         }
-        None => None,
+        _ => None,
     };
 
     // Warm-up runs inside the driver; probes start when the measured phase does. Without a

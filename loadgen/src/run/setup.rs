@@ -11,8 +11,36 @@ use crate::client::http::{trust_config, Options};
 use crate::probe::{self, PowerSource, Watched, WattMeter};
 use crate::vectors::{self, EmbeddingsOptions, VectorSet};
 
+/// The embeddings endpoint a run uses (the vectors' source with `--vectors embeddings`,
+/// the live load beside the measured phase with `--embed-live` or `--embed-concurrency`):
+/// what it embeds and how it is reached, decided once from the flags.
+#[derive(Clone)]
+pub(super) struct Embeddings {
+    /// The endpoint, model, corpus, batch and cache.
+    pub options: EmbeddingsOptions,
+    /// HTTP settings of its requests (TLS for https://, the timeout).
+    pub http: Options,
+}
+
+impl Embeddings {
+    /// The endpoint of `args`, when they use one.
+    pub(super) fn of(args: &RunArgs, live: bool) -> Result<Option<Self>> {
+        if args.vectors != VectorSource::Embeddings && !live {
+            return Ok(None);
+        }
+        Ok(Some(Self {
+            options: embeddings_options(args)?,
+            http: embeddings_http(args)?,
+        }))
+    }
+}
+
 /// Vectors for the run, prepared before anything is timed.
-pub(super) async fn prepare_vectors(args: &RunArgs, needed: usize) -> Result<VectorSet> {
+pub(super) async fn prepare_vectors(
+    args: &RunArgs,
+    embeddings: Option<&Embeddings>,
+    needed: usize,
+) -> Result<VectorSet> {
     match args.vectors {
         VectorSource::Synthetic => Ok(vectors::synthetic(needed, args.dim, args.seed)),
         VectorSource::File => {
@@ -23,8 +51,9 @@ pub(super) async fn prepare_vectors(args: &RunArgs, needed: usize) -> Result<Vec
             Ok(vectors::read_vectors_file(path)?.0)
         }
         VectorSource::Embeddings => {
+            let endpoint = embeddings.context("--vectors embeddings needs --embeddings-url")?;
             let (set, cached) =
-                vectors::load_or_embed(&embeddings_options(args)?, embeddings_http(args)?).await?;
+                vectors::load_or_embed(&endpoint.options, endpoint.http.clone()).await?;
             if !args.quiet {
                 eprintln!(
                     "vectors: {} x {}-d from {}{}",
@@ -39,7 +68,7 @@ pub(super) async fn prepare_vectors(args: &RunArgs, needed: usize) -> Result<Vec
     }
 }
 
-pub(super) fn embeddings_options(args: &RunArgs) -> Result<EmbeddingsOptions> {
+fn embeddings_options(args: &RunArgs) -> Result<EmbeddingsOptions> {
     let url = args
         .embeddings_url
         .clone()
@@ -62,7 +91,7 @@ pub(super) fn embeddings_options(args: &RunArgs) -> Result<EmbeddingsOptions> {
     })
 }
 
-pub(super) fn embeddings_http(args: &RunArgs) -> Result<Options> {
+fn embeddings_http(args: &RunArgs) -> Result<Options> {
     let https = args
         .embeddings_url
         .as_deref()

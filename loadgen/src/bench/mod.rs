@@ -191,21 +191,21 @@ impl Drop for TcpMetricsOff {
 pub async fn execute(args: &BenchArgs, stop: CancellationToken) -> Result<BenchResult> {
     let plan = BenchPlan::new(args)?;
     let (congestion_control, congestion_record) =
-        client_congestion_control(&plan.client_congestion_control)?;
+        client_congestion_control(&plan.flags.client_congestion_control)?;
     let (_tcp_metrics, tcp_metrics) = TcpMetricsOff::apply();
     let nofile = raise_nofile();
-    let max_idle = plan.idle.iter().copied().max().unwrap_or(0) as u64;
+    let max_idle = plan.flags.idle.iter().copied().max().unwrap_or(0) as u64;
     if plan.parts.contains(&Part::Idle) && nofile < max_idle + 1000 {
         bail!("--idle {max_idle} needs more open files than this process may have ({nofile}): raise `ulimit -Hn`");
     }
-    let work = plan.out.join("work");
+    let work = plan.flags.out.join("work");
     std::fs::create_dir_all(&work).with_context(|| format!("creating {}", work.display()))?;
-    let cert_dir = std::fs::canonicalize(&plan.out)?.join("certs");
-    let set = generate_cert_set(&cert_dir, &plan.algorithms, &[])?;
+    let cert_dir = std::fs::canonicalize(&plan.flags.out)?.join("certs");
+    let set = generate_cert_set(&cert_dir, plan.algorithms(), &[])?;
     let certs = Certs {
         dir: cert_dir,
         ca: set.ca_cert.clone(),
-        algorithms: plan.algorithms.clone(),
+        algorithms: plan.algorithms().to_vec(),
     };
     let clients = clients(&certs.ca, congestion_control)?;
     let sink_stop = stop.child_token();
@@ -237,9 +237,9 @@ pub async fn execute(args: &BenchArgs, stop: CancellationToken) -> Result<BenchR
             serde_json::json!({"cpu": cpu, "cores": cores, "kernel": kernel})
         },
     };
-    std::fs::write(plan.out.join("bench.md"), render(&result))?;
+    std::fs::write(plan.flags.out.join("bench.md"), render(&result))?;
     std::fs::write(
-        plan.out.join("bench.json"),
+        plan.flags.out.join("bench.json"),
         serde_json::to_string_pretty(&result)?,
     )?;
     Ok(result)
@@ -394,9 +394,9 @@ async fn start_sinks(
     plan: &BenchPlan,
     stop: &CancellationToken,
 ) -> Result<Vec<std::net::SocketAddr>> {
-    let mut sinks = Vec::with_capacity(usize::from(plan.upstream_nodes));
-    for _ in 0..plan.upstream_nodes {
-        sinks.push(sink::start(stop.clone(), plan.sink).await?);
+    let mut sinks = Vec::with_capacity(usize::from(plan.flags.upstream_nodes));
+    for _ in 0..plan.flags.upstream_nodes {
+        sinks.push(sink::start(stop.clone(), plan.flags.sink).await?);
     }
     eprintln!(
         "sink on {} ({:?})",
@@ -405,7 +405,7 @@ async fn start_sinks(
             .map(ToString::to_string)
             .collect::<Vec<_>>()
             .join(", "),
-        plan.sink
+        plan.flags.sink
     );
     Ok(sinks)
 }
@@ -485,12 +485,12 @@ fn settings_record(
         "tls": "1.3", "kx": "x25519", "resumption": false,
         "client": "rustls aws-lc-rs, its stock cipher order (AES-256-GCM first)",
         "idle_clients": plan.idle_clients,
-        "sink": plan.sink,
-        "rounds": plan.rounds, "duration_s": plan.duration.as_secs_f64(), "warmup_s": plan.warmup.as_secs_f64(),
-        "concurrency": plan.concurrency, "bulk_connections": plan.bulk_connections,
-        "idle": plan.idle, "latency_requests": plan.latency_requests,
-        "proxy_worker_threads": plan.proxy_worker_threads,
-        "upstream_nodes": plan.upstream_nodes,
+        "sink": plan.flags.sink,
+        "rounds": plan.rounds, "duration_s": plan.flags.duration.as_secs_f64(), "warmup_s": plan.flags.warmup.as_secs_f64(),
+        "concurrency": plan.flags.concurrency, "bulk_connections": plan.flags.bulk_connections,
+        "idle": plan.flags.idle, "latency_requests": plan.flags.latency_requests,
+        "proxy_worker_threads": plan.flags.proxy_worker_threads,
+        "upstream_nodes": plan.flags.upstream_nodes,
         "setups": plan.setups,
         "workers": "one-worker: proxy worker_threads as given, nginx worker_processes 1, HAProxy nbthread 1; \
                     defaults: proxy a worker per CPU, nginx worker_processes auto, HAProxy its default threads",
@@ -509,7 +509,7 @@ fn settings_record(
              (`callgrind_control --zero`, then --dump around a fixed number of units sent one at a time \
              by the bench's client: {}), one worker; they compare builds of the proxy, not terminators \
              (peers not counted); a `rep movsb` copy counts one instruction per byte",
-            plan.instruction_units.map_or_else(|| "100 tiny GETs (20 with RSA-4096), 20 upserts, 40 keep-alive requests".to_owned(), |n| format!("{n} per row"))
+            plan.flags.instruction_units.map_or_else(|| "100 tiny GETs (20 with RSA-4096), 20 upserts, 40 keep-alive requests".to_owned(), |n| format!("{n} per row"))
         )),
         "in_process": plan.parts.contains(&Part::InProcess).then_some(
             "each terminator of each set-up in front of embedded-qdrant in plaintext, and (with the \
@@ -553,10 +553,10 @@ impl ColumnSpec {
                 ctx.sinks,
                 ctx.work,
                 match self.setup {
-                    Setup::OneWorker => ctx.plan.proxy_worker_threads,
+                    Setup::OneWorker => ctx.plan.flags.proxy_worker_threads,
                     Setup::Defaults => 0,
                 },
-                &ctx.plan.proxy_args,
+                ctx.plan.proxy_args(),
                 &[],
             ),
             Which::Peer(p, Ok(bin)) => terminators::start_peer(

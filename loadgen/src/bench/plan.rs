@@ -68,7 +68,7 @@ impl IdleClient {
 }
 
 /// The flags of `loadgen bench`.
-#[derive(Args, Debug)]
+#[derive(Args, Debug, Clone)]
 pub struct BenchArgs {
     /// Our providers (each a proxy column), the algorithms of the new-connection rows, the
     /// proxy binary and the database of the in-process rows.
@@ -151,55 +151,29 @@ pub struct BenchArgs {
     pub out: PathBuf,
 }
 
-/// The bench as it will run; see the module's doc.
+/// The bench as it will run; see the module's doc. It holds what it derives from the flags
+/// (the providers and binaries resolved, the peers parsed, the row kinds, set-ups and idle
+/// clients in table order, the rounds) and the flags themselves for everything else.
 #[derive(Debug, Clone)]
 pub struct BenchPlan {
+    /// The flags as given.
+    pub flags: BenchArgs,
     /// Our providers, a proxy column each per set-up, in the order given.
     pub providers: Vec<ProviderName>,
     /// The peers, a column each per set-up.
     pub peers: Vec<Peer>,
-    /// Further `proxy run` flags of every proxy column.
-    pub proxy_args: Vec<String>,
-    /// Certificate algorithms of the new-connection rows.
-    pub algorithms: Vec<CertAlgorithmName>,
     /// The row kinds, in table order, once each.
     pub parts: Vec<Part>,
     /// The set-ups, in table order, once each.
     pub setups: Vec<Setup>,
     /// The idle rows' clients, once each.
     pub idle_clients: Vec<IdleClient>,
-    /// When the sink answers an upload.
-    pub sink: SinkMode,
-    /// Measured time of each timed row.
-    pub duration: Duration,
-    /// Unmeasured warm-up before each timed row.
-    pub warmup: Duration,
-    /// Clients at once in the new-connection rows.
-    pub concurrency: usize,
-    /// Keep-alive connections of the bulk rows.
-    pub bulk_connections: usize,
-    /// Idle connection counts, cumulative.
-    pub idle: Vec<usize>,
-    /// Requests of the latency row.
-    pub latency_requests: usize,
-    /// Connections of the first-response row.
-    pub first_response_connections: usize,
-    /// Units per instruction row, if not each row's own.
-    pub instruction_units: Option<u64>,
     /// The proxy binary.
     pub proxy_bin: PathBuf,
     /// The database of the in-process rows.
     pub upstream_bin: PathBuf,
-    /// The proxy's worker threads in the one-worker set-up (0: one per CPU).
-    pub proxy_worker_threads: usize,
     /// Interleaved rounds, at least one.
     pub rounds: usize,
-    /// Sinks behind every terminator.
-    pub upstream_nodes: u16,
-    /// `--client-congestion-control` as given (checked against the kernel at the start).
-    pub client_congestion_control: String,
-    /// Where the table, the figures and the logs go.
-    pub out: PathBuf,
 }
 
 impl BenchPlan {
@@ -211,28 +185,24 @@ impl BenchPlan {
         Ok(Self {
             providers: args.terminators.providers().to_vec(),
             peers: parse_peers(&args.peers)?,
-            proxy_args: args.terminators.proxy_args.clone(),
-            algorithms: args.terminators.algorithms.clone(),
             parts: sorted(args.parts.clone()),
             setups: sorted(args.setups.clone()),
             idle_clients: sorted(args.idle_clients.clone()),
-            sink: args.sink,
-            duration: args.duration,
-            warmup: args.warmup,
-            concurrency: args.concurrency,
-            bulk_connections: args.bulk_connections,
-            idle: args.idle.clone(),
-            latency_requests: args.latency_requests,
-            first_response_connections: args.first_response_connections,
-            instruction_units: args.instruction_units,
             proxy_bin: args.terminators.proxy_bin(),
             upstream_bin: args.terminators.upstream_bin(),
-            proxy_worker_threads: args.proxy_worker_threads,
             rounds: args.repeat.max(1),
-            upstream_nodes: args.upstream_nodes,
-            client_congestion_control: args.client_congestion_control.clone(),
-            out: args.out.clone(),
+            flags: args.clone(),
         })
+    }
+
+    /// Certificate algorithms of the new-connection rows.
+    pub fn algorithms(&self) -> &[CertAlgorithmName] {
+        &self.flags.terminators.algorithms
+    }
+
+    /// Further `proxy run` flags of every proxy column.
+    pub fn proxy_args(&self) -> &[String] {
+        &self.flags.terminators.proxy_args
     }
 }
 

@@ -92,7 +92,7 @@ impl TerminatorRows for KeepAliveBulk {
                     addr,
                     kind: *kind,
                     policy: ConnectionPolicy::Reuse,
-                    concurrency: round.bench.plan.bulk_connections,
+                    concurrency: round.bench.plan.flags.bulk_connections,
                 };
                 let figure = timed_figure(
                     round,

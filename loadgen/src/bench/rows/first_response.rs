@@ -48,7 +48,7 @@ impl TerminatorRows for FirstResponse {
             let figure = median_first_response(
                 addr,
                 &connector,
-                round.bench.plan.first_response_connections,
+                round.bench.plan.flags.first_response_connections,
                 round,
             )
             .await;

@@ -44,7 +44,7 @@ impl TinyOnNewConnection {
     /// For `--algorithms`.
     pub fn new(plan: &BenchPlan) -> Self {
         Self {
-            algorithms: plan.algorithms.clone(),
+            algorithms: plan.algorithms().to_vec(),
             keys: Vec::new(),
         }
     }
@@ -94,7 +94,7 @@ async fn measure_algorithm(round: &Round<'_>, keys: &Keys, table: &mut Table) {
         addr: round.t.addrs[&keys.alg],
         kind: Bulk::H1Rest,
         policy: ConnectionPolicy::New,
-        concurrency: round.bench.plan.concurrency,
+        concurrency: round.bench.plan.flags.concurrency,
     };
     let per_conn = timed_figure(
         round,

@@ -82,7 +82,7 @@ impl InProcessTls {
     /// defaults set-up.
     pub fn new(plan: &BenchPlan) -> Self {
         Self {
-            algorithms: plan.algorithms.clone(),
+            algorithms: plan.algorithms().to_vec(),
             own_tls: plan.setups.contains(&Setup::Defaults),
             keys: Vec::new(),
         }
@@ -149,7 +149,7 @@ impl OwnRows for InProcessTls {
     ) -> Measuring<'a, ()> {
         Box::pin(async move {
             let binary = bench.plan.upstream_bin.clone();
-            let work = bench.plan.out.join("work");
+            let work = bench.plan.flags.out.join("work");
             let vectors = crate::vectors::synthetic(TEMPLATE_VARIANTS * POINTS, DIM, 0x1b_5eed);
             for kind in [Bulk::H1Rest, Bulk::Grpc] {
                 if bench.stop.is_cancelled() {
@@ -394,7 +394,11 @@ async fn measure_loop(
     let source: Arc<dyn crate::workload::RequestSource> =
         Arc::new(RecurringUpserts::new(upserts, RECURRING));
     let run = |duration| {
-        let config = loop_config(ConnectionPolicy::New, bench.plan.concurrency, duration);
+        let config = loop_config(
+            ConnectionPolicy::New,
+            bench.plan.flags.concurrency,
+            duration,
+        );
         driver::run(
             source.clone(),
             connector.clone(),
@@ -402,10 +406,10 @@ async fn measure_loop(
             bench.stop.clone(),
         )
     };
-    run(bench.plan.warmup).await;
+    run(bench.plan.flags.warmup).await;
     let front = terminator.map(Terminator::cpu_window).transpose()?;
     let db = upstream.db.cpu_window()?;
-    let out = run(bench.plan.duration).await;
+    let out = run(bench.plan.flags.duration).await;
     let front = front.map(|w| w.close()).transpose()?;
     let db = db.close().context("the database's CPU")?;
     let failed = super::failed(&out);

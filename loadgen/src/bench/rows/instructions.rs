@@ -84,8 +84,8 @@ impl Instructions {
     /// For `--algorithms`.
     pub fn new(plan: &BenchPlan) -> Self {
         Self {
-            algorithms: plan.algorithms.clone(),
-            units: plan.instruction_units,
+            algorithms: plan.algorithms().to_vec(),
+            units: plan.flags.instruction_units,
             keys: Vec::new(),
             json_upsert: json_body(UPSERT_JSON_BYTES),
             json_bulk: json_body(BULK_JSON_BYTES),
@@ -239,6 +239,7 @@ impl OwnRows for Instructions {
 fn callgrind_out(bench: &Bench<'_>, provider: ProviderName) -> PathBuf {
     bench
         .plan
+        .flags
         .out
         .join("work")
         .join("callgrind")
@@ -269,8 +270,8 @@ fn start_under_callgrind(
         bench.certs,
         bench.sinks,
         work,
-        plan.proxy_worker_threads.max(1),
-        &plan.proxy_args,
+        plan.flags.proxy_worker_threads.max(1),
+        plan.proxy_args(),
         &launcher,
     )
 }

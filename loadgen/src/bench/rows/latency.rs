@@ -57,9 +57,9 @@ async fn mean_ms(
         mode: Mode::Closed,
         concurrency: 1,
         policy: ConnectionPolicy::Reuse,
-        duration: Some(plan.duration * 3),
-        requests: Some(plan.latency_requests.max(1) as u64),
-        warmup: plan.warmup,
+        duration: Some(plan.flags.duration * 3),
+        requests: Some(plan.flags.latency_requests.max(1) as u64),
+        warmup: plan.flags.warmup,
         request_timeout: UNIT_LIMIT,
         shared_connections: None,
         progress: false,
@@ -69,7 +69,7 @@ async fn mean_ms(
         bail!("{kind}: {e}");
     }
     if out.ok == 0 {
-        bail!("no request finished within {:?}", plan.duration * 3);
+        bail!("no request finished within {:?}", plan.flags.duration * 3);
     }
     Ok(out.latency_us.mean() / 1000.0)
 }

@@ -168,7 +168,10 @@ pub fn registered(plan: &BenchPlan) -> Vec<Box<dyn RowSet>> {
                     for protocol in [IdleProtocol::Http1, IdleProtocol::H2] {
                         for state in [IdleState::Fresh, IdleState::AfterRequest] {
                             sets.push(Box::new(idle::Idle::new(
-                                client, protocol, state, &plan.idle,
+                                client,
+                                protocol,
+                                state,
+                                &plan.flags.idle,
                             )));
                         }
                     }
@@ -233,9 +236,9 @@ async fn cpu_over_loop(
         let config = loop_config(plan.policy, plan.concurrency, duration);
         driver::run(source.clone(), connector.clone(), config, (*stop).clone())
     };
-    run(bench.warmup).await;
+    run(bench.flags.warmup).await;
     let window = round.t.cpu_window()?;
-    let outcome = run(bench.duration).await;
+    let outcome = run(bench.flags.duration).await;
     Ok((window.close()?, outcome))
 }
 

@@ -147,7 +147,7 @@ impl ToolRows {
     /// For `--algorithms`; the tools are looked for (and installed) when the rows prepare.
     pub fn new(plan: &BenchPlan) -> Self {
         Self {
-            algorithms: plan.algorithms.clone(),
+            algorithms: plan.algorithms().to_vec(),
             keys: Vec::new(),
             bodies: None,
             ab: Err("not looked for yet".into()),
@@ -233,7 +233,7 @@ impl RowSet for ToolRows {
                     eprintln!("{}: its rows are not measured: {e}", tool.name());
                 }
             }
-            let dir = bench.plan.out.join("work").join("tool-bodies");
+            let dir = bench.plan.flags.out.join("work").join("tool-bodies");
             std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
             let bodies = [
                 ("upsert.json", json_body(UPSERT_JSON_BYTES)),
@@ -336,15 +336,15 @@ impl ToolRows {
             addr,
             body: k.work.body().map(|i| bodies.files[i].as_path()),
             concurrency: if k.work.new_connection() {
-                plan.concurrency
+                plan.flags.concurrency
             } else {
-                plan.bulk_connections
+                plan.flags.bulk_connections
             }
             .max(1),
         };
-        spec.run(plan.warmup, round.bench.stop).await?;
+        spec.run(plan.flags.warmup, round.bench.stop).await?;
         let window = round.t.cpu_window()?;
-        let counted = spec.run(plan.duration, round.bench.stop).await?;
+        let counted = spec.run(plan.flags.duration, round.bench.stop).await?;
         let cpu = window.close()?;
         if counted.ok == 0 {
             bail!(

@@ -40,7 +40,7 @@ impl UpsertOnNewConnection {
     /// For `--algorithms`.
     pub fn new(plan: &BenchPlan) -> Self {
         Self {
-            algorithms: plan.algorithms.clone(),
+            algorithms: plan.algorithms().to_vec(),
             json: json_body(UPSERT_JSON_BYTES),
             grpc: grpc_body(UPSERT_GRPC_BYTES),
             keys: Vec::new(),
@@ -98,7 +98,7 @@ impl TerminatorRows for UpsertOnNewConnection {
                     addr,
                     kind: k.kind,
                     policy: ConnectionPolicy::New,
-                    concurrency: round.bench.plan.concurrency,
+                    concurrency: round.bench.plan.flags.concurrency,
                 };
                 let what = format!("{:?} upsert, new connection, {}", k.kind, k.alg.as_str());
                 let figure = timed_figure(

@@ -317,18 +317,10 @@ impl SystemdContainer {
         cmd.args([image, "/sbin/init"]);
         run_ok(&mut cmd, "docker run (systemd)");
         let booted = Self { name };
-        let deadline = Instant::now() + WAIT;
-        loop {
+        eventually("systemd booted", WAIT, || {
             let state = booted.sh("systemctl is-system-running || true");
-            if matches!(state.trim(), "running" | "degraded") {
-                break;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "systemd did not finish booting: {state}"
-            );
-            std::thread::sleep(Duration::from_millis(300));
-        }
+            ready(matches!(state.trim(), "running" | "degraded"), || state)
+        });
         booted
     }
 

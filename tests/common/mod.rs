@@ -176,15 +176,23 @@ pub fn sha256_hex(data: &[u8]) -> String {
 }
 
 /// Polls `probe` every 100 ms until it gives a value, for at most `limit`, and returns that
-/// value; past the limit the test fails with `what` (say what was awaited). The suite's one
-/// bounded wait for a condition in another process.
-pub fn eventually<T>(what: &str, limit: Duration, mut probe: impl FnMut() -> Option<T>) -> T {
+/// value; past the limit the test fails naming `what` was awaited and what the last probe
+/// saw (its `Err`). The suite's one bounded wait for a condition in another process.
+pub fn eventually<T>(
+    what: &str,
+    limit: Duration,
+    mut probe: impl FnMut() -> Result<T, String>,
+) -> T {
     let deadline = Instant::now() + limit;
     loop {
-        if let Some(value) = probe() {
-            return value;
-        }
-        assert!(Instant::now() < deadline, "not within {limit:?}: {what}");
+        let seen = match probe() {
+            Ok(value) => return value,
+            Err(seen) => seen,
+        };
+        assert!(
+            Instant::now() < deadline,
+            "not within {limit:?}: {what}; last seen: {seen}"
+        );
         std::thread::sleep(Duration::from_millis(100));
     }
 }
@@ -192,15 +200,28 @@ pub fn eventually<T>(what: &str, limit: Duration, mut probe: impl FnMut() -> Opt
 /// [`eventually`] for a probe that must not block the runtime it runs on.
 pub async fn eventually_async<T, F>(what: &str, limit: Duration, mut probe: impl FnMut() -> F) -> T
 where
-    F: std::future::Future<Output = Option<T>>,
+    F: std::future::Future<Output = Result<T, String>>,
 {
     let deadline = Instant::now() + limit;
     loop {
-        if let Some(value) = probe().await {
-            return value;
-        }
-        assert!(Instant::now() < deadline, "not within {limit:?}: {what}");
+        let seen = match probe().await {
+            Ok(value) => return value,
+            Err(seen) => seen,
+        };
+        assert!(
+            Instant::now() < deadline,
+            "not within {limit:?}: {what}; last seen: {seen}"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// `Ok(())` when `done`, else what was seen, for [`eventually`]'s probes.
+pub fn ready(done: bool, seen: impl FnOnce() -> String) -> Result<(), String> {
+    if done {
+        Ok(())
+    } else {
+        Err(seen())
     }
 }
 

@@ -103,18 +103,10 @@ impl ProxyProcess {
     /// Scrapes /metrics until `name{labels}` equals `want` (bounded by [`WAIT`]): for values
     /// that settle asynchronously, such as a connection the client just closed.
     pub fn wait_metric(&self, name: &str, labels: &[(&str, &str)], want: f64) {
-        let deadline = Instant::now() + WAIT;
-        loop {
+        eventually(&format!("{name}{labels:?} = {want}"), WAIT, || {
             let m = self.metrics();
-            if metric_value(&m, name, labels) == Some(want) {
-                return;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "{name}{labels:?} never reached {want}:\n{m}"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
+            ready(metric_value(&m, name, labels) == Some(want), || m)
+        });
     }
 
     /// The sum of every series of `name` whose labels contain `labels`, scraped now.

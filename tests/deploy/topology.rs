@@ -265,6 +265,7 @@ fn wait_until_ready(topo: &Topology) {
                 .output()
                 .is_ok_and(|o| o.status.success())
                 .then_some(())
+                .ok_or_else(|| "no answer yet".to_owned())
         });
         topo.exec(
             &db,
@@ -284,6 +285,7 @@ fn wait_until_ready(topo: &Topology) {
                 .output()
                 .is_ok_and(|o| o.status.success())
                 .then_some(())
+                .ok_or_else(|| "no answer yet".to_owned())
         });
     }
 }
@@ -418,6 +420,7 @@ fn every_acknowledged_point_is_stored(topo: &Topology, merged: &serde_json::Valu
             .output()
             .is_ok_and(|o| o.status.success())
             .then_some(())
+            .ok_or_else(|| "no answer yet".to_owned())
     });
     let mut stored = 0;
     let mut per_node = Vec::new();

@@ -150,14 +150,11 @@ async fn sigterm_keeps_accepting_for_the_accept_grace_while_not_ready() {
     let (addr, admin) = (proxy.addr, proxy.admin);
     assert_eq!(plain_get(admin, "/readyz").0, 200);
     proxy.terminate();
-    let deadline = std::time::Instant::now() + WAIT;
-    while plain_get(admin, "/readyz").0 != 503 {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "readiness never failed"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    eventually_async("readiness failing after SIGTERM", WAIT, || async {
+        let status = plain_get(admin, "/readyz").0;
+        ready(status == 503, || format!("/readyz {status}"))
+    })
+    .await;
     let not_ready_at = std::time::Instant::now();
     // Within the grace: a new connection and its request are served.
     let answer = get(addr, "/")

@@ -23,7 +23,11 @@ fn lines(path: &Path) -> Vec<String> {
 fn wait_lines(path: &Path, n: usize) -> Vec<String> {
     eventually(&format!("{n} lines in {}", path.display()), WAIT, || {
         let l = lines(path);
-        (l.len() >= n).then_some(l)
+        if l.len() >= n {
+            Ok(l)
+        } else {
+            Err(format!("{} lines", l.len()))
+        }
     })
 }
 
@@ -179,14 +183,9 @@ async fn common_format_sampling_rotation_and_shutdown_flush() {
     let rotated = dir.join("access.log.1");
     std::fs::rename(&log, &rotated).expect("rotate");
     // The writer looks once a second; the new file appears when it has reopened.
-    let deadline = Instant::now() + WAIT;
-    while !log.exists() {
-        assert!(
-            Instant::now() < deadline,
-            "the access log was never reopened"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    eventually("the access log reopened", WAIT, || {
+        ready(log.exists(), || "no new file".to_owned())
+    });
     for i in 10..14 {
         get(proxy.addr, &format!("/n/{i}")).await.expect("get");
     }

@@ -43,14 +43,9 @@ impl Haproxy {
             .spawn()
             .expect("haproxy");
         // Listening once a TCP connect goes through.
-        let deadline = std::time::Instant::now() + WAIT;
-        while std::net::TcpStream::connect(v2).is_err() {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "haproxy did not start"
-            );
-            std::thread::sleep(std::time::Duration::from_millis(50));
-        }
+        eventually("haproxy listening", WAIT, || {
+            std::net::TcpStream::connect(v2).map_err(|e| e.to_string())
+        });
         Some(Self { child, v1, v2 })
     }
 }

@@ -8,7 +8,7 @@
 
 use std::net::SocketAddr;
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use e2e::*;
 use proxy::crypto::CertAlgorithmName;
@@ -38,18 +38,10 @@ fn listener(name: &str, listen: &str, upstream: &str) -> String {
 
 /// Waits until the sum of `name`'s samples with `labels` reaches `at_least`.
 fn wait_sum(proxy: &ProxyProcess, name: &str, labels: &[(&str, &str)], at_least: f64) {
-    let deadline = Instant::now() + WAIT;
-    loop {
+    eventually(&format!("{name}{labels:?} >= {at_least}"), WAIT, || {
         let text = proxy.metrics();
-        if metric_sum(&text, name, labels) >= at_least {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{name}{labels:?} < {at_least}:\n{text}"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+        ready(metric_sum(&text, name, labels) >= at_least, || text)
+    });
 }
 
 fn curl_status(addr: SocketAddr) -> Result<String, String> {
@@ -172,14 +164,11 @@ fn a_rolling_reload_under_load_drops_nothing() {
         &[("outcome", "ok")],
         ok_before + 1.0,
     );
-    let deadline = Instant::now() + WAIT;
-    while curl_status(extra).is_ok() {
-        assert!(
-            Instant::now() < deadline,
-            "the removed listener still accepts"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    eventually("the removed listener refusing", WAIT, || {
+        ready(curl_status(extra).is_err(), || {
+            "it still accepts".to_owned()
+        })
+    });
 
     let run = load.join().unwrap();
     assert!(

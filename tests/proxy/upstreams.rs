@@ -122,7 +122,8 @@ fn three_nodes_one_killed_and_restarted_under_load() {
     wait_node_metric(&proxy, "proxy_upstream_node_healthy", &addrs[2], 1.0);
     let before_readmission = node_requests(&proxy, &addrs[2]);
     eventually("requests to the restarted node", WAIT, || {
-        (node_requests(&proxy, &addrs[2]) > before_readmission).then_some(())
+        let now = node_requests(&proxy, &addrs[2]);
+        ready(now > before_readmission, || format!("{now} requests"))
     });
     let readmitted_after = started.elapsed();
 

@@ -463,7 +463,7 @@ impl DatabaseServer {
         eventually(
             &format!("{program} listening on {addr}"),
             std::time::Duration::from_secs(60),
-            || std::net::TcpStream::connect(addr).ok(),
+            || std::net::TcpStream::connect(addr).map_err(|e| e.to_string()),
         );
         Self { addr, child }
     }

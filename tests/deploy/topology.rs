@@ -62,6 +62,18 @@ impl Topology {
     }
 }
 
+impl Topology {
+    /// `Ok` once `url` answers 2xx inside `node` (curl in the container), for `eventually`.
+    fn ready(&self, node: &str, url: &str) -> Result<(), String> {
+        Command::new("docker")
+            .args(["exec", &self.name(node), "curl", "-fsS", url])
+            .output()
+            .is_ok_and(|o| o.status.success())
+            .then_some(())
+            .ok_or_else(|| format!("{url} does not answer yet"))
+    }
+}
+
 impl Drop for Topology {
     fn drop(&mut self) {
         let label = format!("name={}-", self.net);
@@ -254,18 +266,7 @@ fn wait_until_ready(topo: &Topology) {
     for i in 1..=3 {
         let db = format!("db{i}");
         eventually(&format!("{db} answers"), WAIT, || {
-            Command::new("docker")
-                .args([
-                    "exec",
-                    &topo.name(&db),
-                    "curl",
-                    "-fsS",
-                    "http://127.0.0.1:6333/readyz",
-                ])
-                .output()
-                .is_ok_and(|o| o.status.success())
-                .then_some(())
-                .ok_or_else(|| "no answer yet".to_owned())
+            topo.ready(&db, "http://127.0.0.1:6333/readyz")
         });
         topo.exec(
             &db,
@@ -274,18 +275,7 @@ fn wait_until_ready(topo: &Topology) {
     }
     for p in ["proxy1", "proxy2"] {
         eventually(&format!("{p} ready"), WAIT, || {
-            Command::new("docker")
-                .args([
-                    "exec",
-                    &topo.name(p),
-                    "curl",
-                    "-fsS",
-                    "http://127.0.0.1:9900/readyz",
-                ])
-                .output()
-                .is_ok_and(|o| o.status.success())
-                .then_some(())
-                .ok_or_else(|| "no answer yet".to_owned())
+            topo.ready(p, "http://127.0.0.1:9900/readyz")
         });
     }
 }
@@ -409,18 +399,7 @@ fn merged_results(topo: &Topology, dir: &Path, results: &Path) -> serde_json::Va
 fn every_acknowledged_point_is_stored(topo: &Topology, merged: &serde_json::Value) {
     docker(&["start", &topo.name("db1")]);
     eventually("db1 back", WAIT, || {
-        Command::new("docker")
-            .args([
-                "exec",
-                &topo.name("db1"),
-                "curl",
-                "-fsS",
-                "http://127.0.0.1:6333/readyz",
-            ])
-            .output()
-            .is_ok_and(|o| o.status.success())
-            .then_some(())
-            .ok_or_else(|| "no answer yet".to_owned())
+        topo.ready("db1", "http://127.0.0.1:6333/readyz")
     });
     let mut stored = 0;
     let mut per_node = Vec::new();

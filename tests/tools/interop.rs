@@ -496,6 +496,26 @@ fn exercise(venv: &str, script: &str, args: &[&str]) -> serde_json::Value {
     serde_json::from_str(line).unwrap()
 }
 
+/// The exercise's `fields` the same through the proxy as direct; both insert times shown.
+fn same_answers(
+    db: &str,
+    direct: &serde_json::Value,
+    through: &serde_json::Value,
+    fields: &[&str],
+) {
+    for field in fields {
+        assert_eq!(
+            through[field], direct[field],
+            "{field}: {through} vs {direct}"
+        );
+    }
+    eprintln!(
+        "{db}: 2,000 vectors inserted in batches of 100 in {:.2} s direct, {:.2} s through the proxy",
+        direct["insert_seconds"].as_f64().unwrap_or(f64::NAN),
+        through["insert_seconds"].as_f64().unwrap_or(f64::NAN),
+    );
+}
+
 /// tests/interop/milvus_exercise.py's JSON line.
 fn milvus_exercise(uri: &str, ca: &str, mode: &str) -> serde_json::Value {
     exercise(
@@ -537,26 +557,21 @@ fn milvus_with_pymilvus_through_the_proxy() {
     );
     let uri = format!("https://localhost:{}", proxy.addr.port());
     let through = milvus_exercise(&uri, &ca, "exercise");
-    for field in [
-        "count",
-        "top_id",
-        "hits",
-        "got_id",
-        "got_dim",
-        "count_after_delete",
-        "wrong_dim",
-        "missing",
-        "dropped",
-    ] {
-        assert_eq!(
-            through[field], direct[field],
-            "{field}: {through} vs {direct}"
-        );
-    }
-    eprintln!(
-        "milvus: 2,000 vectors inserted in batches of 100 in {:.2} s direct, {:.2} s through the proxy",
-        direct["insert_seconds"].as_f64().unwrap_or(f64::NAN),
-        through["insert_seconds"].as_f64().unwrap_or(f64::NAN),
+    same_answers(
+        "milvus",
+        &direct,
+        &through,
+        &[
+            "count",
+            "top_id",
+            "hits",
+            "got_id",
+            "got_dim",
+            "count_after_delete",
+            "wrong_dim",
+            "missing",
+            "dropped",
+        ],
     );
     assert_eq!(through["count"], 2000);
     assert_eq!(through["top_id"], 42);
@@ -641,27 +656,22 @@ fn chroma_with_its_client_through_the_proxy() {
     );
     let port = proxy.addr.port();
     let through = chroma_exercise(port, &ca, "exercise");
-    for field in [
-        "count",
-        "top_id",
-        "hits",
-        "got_id",
-        "got_dim",
-        "count_after_delete",
-        "wrong_dim",
-        "duplicate",
-        "missing",
-        "dropped",
-    ] {
-        assert_eq!(
-            through[field], direct[field],
-            "{field}: {through} vs {direct}"
-        );
-    }
-    eprintln!(
-        "chroma: 2,000 vectors inserted in batches of 100 in {:.2} s direct, {:.2} s through the proxy",
-        direct["insert_seconds"].as_f64().unwrap_or(f64::NAN),
-        through["insert_seconds"].as_f64().unwrap_or(f64::NAN),
+    same_answers(
+        "chroma",
+        &direct,
+        &through,
+        &[
+            "count",
+            "top_id",
+            "hits",
+            "got_id",
+            "got_dim",
+            "count_after_delete",
+            "wrong_dim",
+            "duplicate",
+            "missing",
+            "dropped",
+        ],
     );
     assert_eq!(through["count"], 2000, "{through}");
     assert_eq!(through["top_id"], "42", "{through}");

@@ -18,6 +18,9 @@
 //! aside), whose scenarios read as named steps. Code is read as rustfmt leaves it: a function ends at
 //! the first line after its signature that is a `}` at the signature's own indentation; a
 //! file's test code starts at `#[cfg(test)]` followed by `mod tests`.
+//!
+//! And the suite's own prerequisites stay installable: tests/run, the README's test command,
+//! installs every Debian package that tests/common/prerequisites.rs names for a tool.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -575,5 +578,35 @@ fn outgrown(files: &[PathBuf], long_functions_allowed: usize) {
         long_functions.len() <= long_functions_allowed,
         "more than {long_functions_allowed} functions over {MAX_FUNCTION_LINES} lines: {:?}",
         long_functions.iter().map(|(f, _)| f).collect::<Vec<_>>()
+    );
+}
+
+/// The README's test command installs every package whose tool a test asks for, so that a
+/// fresh machine passes with it: tests/run's package list holds each package of
+/// tests/common/prerequisites.rs's table.
+#[test]
+fn the_test_command_installs_every_tool_the_tests_ask_for() {
+    let script = std::fs::read_to_string(repo_root().join("tests/run")).expect("tests/run");
+    let list = script
+        .split_once("packages=(")
+        .and_then(|(_, rest)| rest.split_once("\n)"))
+        .expect("tests/run has a packages=( ... ) list")
+        .0;
+    let installed: BTreeSet<&str> = list
+        .lines()
+        .flat_map(|line| {
+            line.split('#')
+                .next()
+                .unwrap_or_default()
+                .split_whitespace()
+        })
+        .collect();
+    let missing: Vec<_> = e2e::SYSTEM_TOOLS
+        .iter()
+        .filter(|(_, package)| !installed.contains(package))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "tests/run does not install {missing:?}; it installs {installed:?}"
     );
 }

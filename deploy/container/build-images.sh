@@ -22,7 +22,13 @@ while [ $# -gt 0 ]; do
   esac
 done
 if [ -z "$bin_dir" ]; then
-  export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/vector-tls-proxy/target}"
+  # The folder cargo builds into: CARGO_TARGET_DIR when set, else what cargo itself uses
+  # (target/ in the clone, or a build.target-dir of the user's cargo configuration).
+  if [ -z "${CARGO_TARGET_DIR:-}" ]; then
+    CARGO_TARGET_DIR=$(cargo metadata --format-version 1 --no-deps \
+      | python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')
+  fi
+  export CARGO_TARGET_DIR
   cargo build --release --locked -p proxy -p loadgen -p embedded-qdrant >&2
   bin_dir="$CARGO_TARGET_DIR/release"
 fi

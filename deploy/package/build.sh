@@ -9,12 +9,18 @@
 #
 #   deploy/package/build.sh [--out DIR] [--images] [--profile release|dev] [--no-build]
 #
-# DIR defaults to $CARGO_TARGET_DIR/dist. cargo-deb and cargo-cyclonedx are built from
+# DIR defaults to dist/ under cargo's target folder ($CARGO_TARGET_DIR, else target/). cargo-deb and cargo-cyclonedx are built from
 # crates.io into ~/.cache/vector-tls-proxy/tools on first use. --profile dev (with
 # --no-build) packages a test build's binary, as the tests do; releases use the default.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/vector-tls-proxy/target}"
+# The folder cargo builds into: CARGO_TARGET_DIR when set, else what cargo itself uses
+# (target/ in the clone, or a build.target-dir of the user's cargo configuration).
+if [ -z "${CARGO_TARGET_DIR:-}" ]; then
+  CARGO_TARGET_DIR=$(cargo metadata --format-version 1 --no-deps \
+    | python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')
+fi
+export CARGO_TARGET_DIR
 version=$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)
 out="$CARGO_TARGET_DIR/dist"
 profile=release

@@ -18,6 +18,7 @@
 #![deny(missing_docs)]
 
 pub mod bench;
+pub mod budget;
 pub mod cells;
 pub mod client;
 pub mod compare;

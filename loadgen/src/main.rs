@@ -14,11 +14,19 @@ use loadgen::run::RunArgs;
 #[command(
     name = "loadgen",
     version,
-    about = "Secure vector ingestion load generator: UPSERT_100 over REST and gRPC through a TLS terminator"
+    about = "Secure vector ingestion load generator: UPSERT_100 over REST and gRPC through a TLS terminator",
+    long_about = "Secure vector ingestion load generator: UPSERT_100 over REST and gRPC through a TLS terminator.\n\n\
+                  `loadgen --target HOST:PORT [flags]` is `loadgen run --target HOST:PORT [flags]`: one measured run.",
+    args_conflicts_with_subcommands = true,
+    subcommand_negates_reqs = true,
+    arg_required_else_help = true
 )]
 struct Cli {
     #[command(subcommand)]
-    command: Command,
+    command: Option<Command>,
+    /// Without a command: the flags of `run`, the measured run (the default command).
+    #[command(flatten)]
+    run: Option<RunArgs>,
 }
 
 #[derive(Subcommand)]
@@ -67,7 +75,18 @@ fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .init();
     let cli = Cli::parse();
-    match cli.command {
+    let command = match (cli.command, cli.run) {
+        (Some(command), _) => command,
+        (None, Some(run)) => Command::Run(Box::new(run)),
+        // arg_required_else_help prints the help when nothing is given; clap's required
+        // --target refuses flags without it.
+        (None, None) => {
+            use clap::CommandFactory;
+            let _ = Cli::command().print_help();
+            return ExitCode::from(2);
+        }
+    };
+    match command {
         Command::Run(args) => {
             let rt = match runtime(Some(args.worker_threads())) {
                 Ok(r) => r,

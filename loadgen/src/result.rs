@@ -173,6 +173,11 @@ pub struct ProcessCpu {
     /// CPUs the (first) process may run on, as /proc/PID/status lists them (pinning check).
     #[serde(default)]
     pub cpus_allowed: Option<String>,
+    /// The CPU quota of the (first) process's cgroup, read back from its files at the end of
+    /// the measured phase: a budget (`compare --proxy-cpu-budget`, systemd's `CPUQuota=`,
+    /// `docker --cpus`); `None` where it had none.
+    #[serde(default)]
+    pub cpu_quota: Option<crate::budget::CpuQuota>,
 }
 
 /// CPU over the measured phase: the hosts' and the processes'.
@@ -188,6 +193,11 @@ pub struct CpuRecord {
     pub loadgen: ProcessCpu,
     /// The processes watched (`--watch-pid`: the proxy, the upstream).
     pub watched: Vec<ProcessCpu>,
+}
+
+/// The estimate of results written before there was one.
+pub fn not_estimated() -> Measured<crate::probe::estimate::PowerEstimate> {
+    Measured::missing("not estimated by this version of loadgen")
 }
 
 /// The target host's utilisation where none was asked for (also the default of older results).
@@ -407,6 +417,10 @@ pub struct RunResult {
     pub cpu: CpuRecord,
     /// Energy, or why it was not measured.
     pub power: Measured<PowerRecord>,
+    /// Power estimated from this host's CPU utilisation by a published model
+    /// ([`crate::probe::estimate`]): never a measurement, and never mixed with `power`.
+    #[serde(default = "not_estimated")]
+    pub power_estimate: Measured<crate::probe::estimate::PowerEstimate>,
     /// The proxy's own counts, or why they were not read.
     pub proxy_metrics: Measured<ProxyMetricsDelta>,
     /// The collection's count check, or why it was not made.

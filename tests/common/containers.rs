@@ -36,10 +36,17 @@ pub fn containers_available(test: &str) -> bool {
         .output();
     let why = match info {
         Ok(out) if out.status.success() => {
-            let compose = Command::new("docker-compose").arg("version").output();
+            // An engine without its Compose tool is a missing package, not a reason to skip.
+            let compose = Command::new(system_tool("docker-compose"))
+                .arg("version")
+                .output();
             match compose {
                 Ok(c) if c.status.success() => return true,
-                _ => "docker-compose is not installed".to_owned(),
+                Ok(c) => format!(
+                    "docker-compose version failed: {}",
+                    String::from_utf8_lossy(&c.stderr).trim()
+                ),
+                Err(e) => format!("docker-compose: {e}"),
             }
         }
         Ok(out) => String::from_utf8_lossy(&out.stderr).trim().to_owned(),
@@ -73,6 +80,8 @@ pub fn test_images() -> &'static TestImages {
     static IMAGES: OnceLock<TestImages> = OnceLock::new();
     IMAGES.get_or_init(|| {
         let root = repo_root();
+        // deploy/container/base-image.sh makes the Debian base with it.
+        system_tool("debootstrap");
         let bin_dir = binary("proxy")
             .parent()
             .expect("the binaries' folder")
@@ -94,15 +103,15 @@ pub fn test_images() -> &'static TestImages {
 
         // The stand-ins, each from a Containerfile of tests/containers.
         let ctx = temp_dir("image-context");
-        std::fs::copy("/usr/bin/prometheus", ctx.join("prometheus"))
-            .expect("Debian's prometheus package (installed by .ci/run)");
+        std::fs::copy(system_tool("prometheus"), ctx.join("prometheus"))
+            .expect("copy prometheus into the image context");
         // HAProxy and the libraries it links (the base has libc and OpenSSL, not Lua and
         // the rest), as ldd resolves them on this Debian host.
         let haproxy = ctx.join("haproxy");
         std::fs::create_dir_all(haproxy.join("lib")).expect("haproxy/lib");
-        std::fs::copy("/usr/sbin/haproxy", haproxy.join("haproxy"))
-            .expect("Debian's haproxy package (installed by .ci/run)");
-        let libs = run_ok(Command::new("ldd").arg("/usr/sbin/haproxy"), "ldd haproxy");
+        let haproxy_bin = system_tool("haproxy");
+        std::fs::copy(&haproxy_bin, haproxy.join("haproxy")).expect("copy haproxy");
+        let libs = run_ok(Command::new("ldd").arg(&haproxy_bin), "ldd haproxy");
         for lib in libs.lines().filter_map(|l| l.split("=> ").nth(1)) {
             let path = lib.split(" (").next().unwrap_or_default().trim();
             if path.starts_with('/') {
@@ -220,7 +229,7 @@ impl ComposeProject {
 
     /// `docker-compose -p NAME -f ... ARGS`, unchecked.
     pub fn command(&self, args: &[&str]) -> Command {
-        let mut cmd = Command::new("docker-compose");
+        let mut cmd = Command::new(system_tool("docker-compose"));
         cmd.current_dir(&self.dir)
             .args(["--ansi", "never", "-p", &self.name]);
         for f in &self.files {

@@ -10,6 +10,7 @@ mod client;
 mod containers;
 mod embedder;
 mod loadgen_run;
+mod prerequisites;
 mod prometheus_server;
 mod proxy_process;
 mod qdrant;
@@ -19,6 +20,7 @@ pub use client::*;
 pub use containers::*;
 pub use embedder::*;
 pub use loadgen_run::*;
+pub use prerequisites::*;
 pub use prometheus_server::*;
 pub use proxy_process::*;
 pub use qdrant::*;
@@ -165,6 +167,17 @@ pub fn binary(name: &str) -> PathBuf {
         path.display()
     );
     path
+}
+
+/// The folder cargo built this test run into (`CARGO_TARGET_DIR`, else `target/`): scripts
+/// that package or copy the project's binaries are pointed at it, not at a default of their own.
+pub fn target_dir() -> PathBuf {
+    // target/<profile>/deps/<test>-<hash> -> target
+    let exe = std::env::current_exe().expect("current exe");
+    exe.ancestors()
+        .nth(3)
+        .expect("target/<profile>/deps/<test>")
+        .to_path_buf()
 }
 
 /// Lower-case hex SHA-256 of `data`.

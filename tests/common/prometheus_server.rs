@@ -54,7 +54,7 @@ impl PrometheusServer {
         // Prometheus cannot report a port it chose, so take a free one and hand it over.
         let addr = free_loopback_addr();
         let log = dir.join("prometheus.log");
-        let mut cmd = Command::new("prometheus");
+        let mut cmd = Command::new(system_tool("prometheus"));
         let authorization = basic_auth.map(|(user, password, hash)| {
             let web = dir.join("web.yml");
             std::fs::write(&web, format!("basic_auth_users:\n  {user}: '{hash}'\n"))
@@ -169,7 +169,7 @@ pub struct NodeExporter {
 impl NodeExporter {
     pub fn start() -> Self {
         let addr = free_loopback_addr();
-        let mut child = Command::new("prometheus-node-exporter")
+        let mut child = Command::new(system_tool("prometheus-node-exporter"))
             .arg(format!("--web.listen-address={addr}"))
             .args(["--collector.disable-defaults", "--collector.cpu"])
             .stdin(Stdio::null())

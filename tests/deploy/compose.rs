@@ -49,7 +49,7 @@ fn wait_healthy(container: &str, limit: Duration) {
 
 /// `curl` against the stack: the HTTP status of GET `url` with `headers`.
 fn curl_status(ca: &Path, url: &str, headers: &[&str]) -> String {
-    let mut cmd = Command::new("curl");
+    let mut cmd = Command::new(system_tool("curl"));
     cmd.args([
         "-s",
         "-o",

@@ -301,7 +301,7 @@ fn mounted_files_exist_and_prometheus_loads(c: &Value) {
         )
         .replace("/etc/vector-tls-proxy/certs/ca.crt", cert.to_str().unwrap());
     std::fs::write(dir.join("prometheus.yml"), local).unwrap();
-    let out = Command::new("promtool")
+    let out = Command::new(system_tool("promtool"))
         .args(["check", "config"])
         .arg(dir.join("prometheus.yml"))
         .output()

@@ -539,7 +539,7 @@ fn assert_monitoring_matches(metrics: &Value, variant: &str) {
     let dir = temp_dir("deploy-prometheusrule");
     let file = dir.join("groups.yml");
     std::fs::write(&file, serde_json::json!({"groups": groups}).to_string()).unwrap();
-    let out = Command::new("promtool")
+    let out = Command::new(system_tool("promtool"))
         .args(["check", "rules"])
         .arg(&file)
         .output()

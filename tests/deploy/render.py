@@ -8,8 +8,9 @@ kubernetes-validate).
   render.py validate VERSION DIR...  renders each DIR and validates every resource against
                                 the Kubernetes schemas of VERSION (kubernetes-validate)
 
-The kustomize part is real kustomize: `kubectl kustomize` (the version kubectl bundles),
-so generators, name hashes and patches render exactly as `kubectl apply -k` applies them.
+The kustomize part is real kustomize: `kubectl kustomize` (the version kubectl bundles: the
+pinned kubectl that install-validators.sh puts beside this interpreter), so generators,
+name hashes and patches render exactly as `kubectl apply -k` applies them.
 """
 import json
 import os
@@ -21,11 +22,12 @@ import yaml
 
 def kustomize(directory):
     try:
-        out = subprocess.run(["kubectl", "kustomize", directory],
+        kubectl = os.path.join(os.path.dirname(sys.executable), "kubectl")
+        out = subprocess.run([kubectl, "kustomize", directory],
                              check=True, capture_output=True, text=True).stdout
     except FileNotFoundError:
-        sys.exit("kubectl not found: the deployment tests render with real kustomize "
-                 "(`kubectl kustomize`); install kubectl")
+        sys.exit(f"{kubectl} not found: run tests/deploy/install-validators.sh, which "
+                 "installs the pinned kubectl (`kubectl kustomize` renders the manifests)")
     except subprocess.CalledProcessError as e:
         sys.exit(f"kubectl kustomize {directory}: {e.stderr}")
     return [d for d in yaml.safe_load_all(out) if d]

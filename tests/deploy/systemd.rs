@@ -55,6 +55,7 @@ fn the_package_installs_and_the_quick_start_runs_under_systemd() {
     let dist = temp_dir("dist");
     let listing = run_ok(
         Command::new(repo_root().join("deploy/package/build.sh"))
+            .env("CARGO_TARGET_DIR", target_dir())
             .args(["--profile", "dev", "--no-build", "--out"])
             .arg(&dist),
         "deploy/package/build.sh",

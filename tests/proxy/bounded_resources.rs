@@ -252,7 +252,7 @@ async fn a_thousand_connections_pushing_at_a_stalled_upstream_stay_within_the_bu
 /// Bytes queued in the send buffers of every socket connected to `dst` (`ss`'s
 /// wmem_queued), i.e. what the proxy has written toward a stalled upstream.
 fn kernel_send_queue_to(dst: SocketAddr) -> u64 {
-    let out = std::process::Command::new("ss")
+    let out = std::process::Command::new(system_tool("ss"))
         .args(["-tmnH", "dst", &dst.to_string()])
         .output()
         .expect("ss (iproute2) runs");

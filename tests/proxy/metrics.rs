@@ -24,7 +24,7 @@ fn deploy(path: &str) -> PathBuf {
 
 /// Runs promtool with `args` in `dir`, feeding `stdin`.
 fn promtool(args: &[&str], dir: &Path, stdin: &[u8]) -> Output {
-    let mut child = Command::new("promtool")
+    let mut child = Command::new(system_tool("promtool"))
         .args(args)
         .current_dir(dir)
         .stdin(Stdio::piped())

@@ -18,10 +18,8 @@ struct Haproxy {
 }
 
 impl Haproxy {
-    fn start(backend: std::net::SocketAddr) -> Option<Self> {
-        let haproxy = ["/usr/sbin/haproxy", "/usr/bin/haproxy"]
-            .into_iter()
-            .find(|p| std::path::Path::new(p).exists())?;
+    fn start(backend: std::net::SocketAddr) -> Self {
+        let haproxy = system_tool("haproxy");
         let (v1, v2) = (free_loopback_addr(), free_loopback_addr());
         let dir = temp_dir("pp-haproxy");
         let config = dir.join("haproxy.cfg");
@@ -46,7 +44,7 @@ impl Haproxy {
         eventually("haproxy listening", WAIT, || {
             std::net::TcpStream::connect(v2).map_err(|e| e.to_string())
         });
-        Some(Self { child, v1, v2 })
+        Self { child, v1, v2 }
     }
 }
 
@@ -60,7 +58,7 @@ impl Drop for Haproxy {
 /// curl from `source` to https://localhost:PORT/ of `addr`, verifying the test CA:
 /// (exit status, body).
 fn curl_from(source: &str, addr: std::net::SocketAddr, path: &str) -> (bool, String) {
-    let out = Command::new("curl")
+    let out = Command::new(system_tool("curl"))
         .args(["-sS", "--max-time", "20", "--interface", source, "--cacert"])
         .arg(&certs().ca_cert)
         .args([
@@ -91,9 +89,7 @@ fn haproxy_v1_and_v2_headers_carry_the_client_address() {
             log.to_str().unwrap(),
         ],
     );
-    let Some(haproxy) = Haproxy::start(proxy.addr) else {
-        panic!("haproxy is not installed (.ci/run installs it)");
-    };
+    let haproxy = Haproxy::start(proxy.addr);
     for (version, front) in [("v1", haproxy.v1), ("v2", haproxy.v2)] {
         let (ok, body) = curl_from("127.0.0.2", front, "/echo");
         assert!(ok, "{version}: {body}");

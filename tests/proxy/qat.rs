@@ -16,7 +16,7 @@ use proxy::crypto::{CertAlgorithmName, ProviderName};
 
 /// OpenSSL's module directory (where legacy.so, and on QAT hosts qatprovider.so, live).
 fn modules_dir() -> PathBuf {
-    let out = std::process::Command::new("openssl")
+    let out = std::process::Command::new(system_tool("openssl"))
         .args(["version", "-m"])
         .output()
         .expect(

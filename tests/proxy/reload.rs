@@ -45,7 +45,7 @@ fn wait_sum(proxy: &ProxyProcess, name: &str, labels: &[(&str, &str)], at_least:
 }
 
 fn curl_status(addr: SocketAddr) -> Result<String, String> {
-    let out = std::process::Command::new("curl")
+    let out = std::process::Command::new(system_tool("curl"))
         .args([
             "-sS",
             "--max-time",

@@ -81,7 +81,7 @@ async fn https_upstreams_are_verified_and_carry_rest_and_grpc() {
 
     // REST over HTTP/1.1 inside TLS, with curl as the client.
     let rest = front.listener("rest");
-    let out = std::process::Command::new("curl")
+    let out = std::process::Command::new(system_tool("curl"))
         .args(["-sS", "--max-time", "20", "--cacert"])
         .arg(ca)
         .arg(format!(

@@ -10,7 +10,6 @@
 //! The Python clients come from PyPI into virtualenvs (`tests/interop/install.sh`, which
 //! `.ci/run` runs first and these tests run again, idempotently).
 
-use std::path::PathBuf;
 use std::process::{Command, Stdio};
 
 use e2e::*;
@@ -161,7 +160,7 @@ fn openssl_clients_with_one_nist_group_are_served_by_every_provider() {
         for (proxy, version, alg) in cases {
             for (group, curve) in [("P-256", "prime256v1"), ("P-384", "secp384r1")] {
                 let (ok, out) = run_bounded(
-                    Command::new("openssl")
+                    Command::new(system_tool("openssl"))
                         .arg("s_client")
                         .args(["-connect", &proxy.addr.to_string()])
                         .args(["-servername", "localhost", "-verify_hostname", "localhost"])
@@ -308,9 +307,7 @@ fn sslyze_finds_every_provider_and_algorithm_mozilla_intermediate_compliant() {
 /// approached.
 #[test]
 fn a_long_lived_h2_connection_survives_100k_early_answers() {
-    let Ok(h2load) = which("h2load") else {
-        panic!("h2load is not installed: apt-get install nghttp2-client (.ci/run installs it)");
-    };
+    let h2load = system_tool("h2load");
     let eq = EmbeddedQdrant::start(&temp_dir("interop-early"));
     let proxy = ProxyProcess::start(
         &format!("http://{}", eq.grpc),
@@ -361,16 +358,6 @@ fn a_long_lived_h2_connection_survives_100k_early_answers() {
     );
 }
 
-fn which(name: &str) -> Result<PathBuf, ()> {
-    std::env::var_os("PATH")
-        .and_then(|paths| {
-            std::env::split_paths(&paths)
-                .map(|d| d.join(name))
-                .find(|p| p.is_file())
-        })
-        .ok_or(())
-}
-
 /// Handshakes that fail are counted by why, with clients that fail them for real: bytes
 /// that are no TLS (an HTTP request on the TLS port), `openssl s_client` offering only a
 /// non-AEAD suite (none in common), and `openssl s_client` not trusting the certificate
@@ -391,7 +378,7 @@ fn handshake_failures_are_counted_by_reason_and_handshakes_by_what_they_negotiat
     let _ = plain.read_to_end(&mut Vec::new());
     let s_client = |args: &[&str]| {
         run_bounded(
-            Command::new("openssl")
+            Command::new(system_tool("openssl"))
                 .arg("s_client")
                 .args(["-connect", &addr, "-servername", "localhost", "-brief"])
                 .args(args),

@@ -29,7 +29,21 @@ use crate::run::{self, RunArgs};
 use crate::terminator_flags::{TerminatorFlags, DEFAULT_CLIENT_CONGESTION_CONTROL};
 
 mod qat;
-use qat::{find_qat_provider, DEFAULT_CONCURRENCY, QAT_CONCURRENCY, QAT_INSTALL_DIRS};
+use qat::{find_qat_provider, QAT_INSTALL_DIRS};
+
+use crate::budget::{BudgetChoice, Cgroups, Prepared};
+
+/// Every cell's clients, whatever the provider: the study's 32. With a new TLS connection
+/// per request they keep more handshakes queued at a budgeted proxy than it can serve, so
+/// its throughput is its own, and keep enough at once for qat_sw's batches of eight to fill.
+pub const CONCURRENCY: usize = 32;
+
+/// The proxy's CPU budget in local mode, in cores: small enough that the proxy, not the
+/// database beside it (embedded-qdrant takes about 0.8 cores for 110 UPSERT_100/s on our
+/// 2-core machines), bounds throughput at every algorithm, so requests/s ranks providers
+/// as the study's CPU-bound proxy did. Requests/s divided by it is the figure that scales:
+/// requests per proxy core-second.
+pub const DEFAULT_PROXY_CPU_BUDGET: f64 = 0.1;
 
 /// How long each cell runs, and how many rounds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, ValueEnum)]
@@ -98,8 +112,9 @@ pub struct CompareArgs {
     /// REST or gRPC, for every cell.
     #[arg(long, value_enum, default_value_t = Protocol::Grpc)]
     pub protocol: Protocol,
-    /// Workers per cell, each with one request in flight. Default: 4, or 32 (the study's
-    /// clients, enough handshakes at once to fill QAT batches) when openssl-qat is compared.
+    /// Workers per cell, each with one request in flight, the same for every provider.
+    /// Default: 32, the study's clients (enough handshakes queued at a budgeted proxy for
+    /// its throughput to be its own, and at once for QAT batches of eight to fill).
     #[arg(long)]
     pub concurrency: Option<usize>,
     /// new: a full handshake per request (what the comparison is about); reuse; per-n=N.
@@ -118,6 +133,14 @@ pub struct CompareArgs {
     #[arg(long, default_value_t = TlsVersion::Tls13)]
     pub tls_version: TlsVersion,
 
+    /// The proxy's CPU budget, in cores (0.1, 0.5, 2) or none: a cgroup CPU quota on the
+    /// proxy alone (cgroup v2 cpu.max, v1 cpu.cfs_quota_us, or a systemd scope), read back
+    /// from its cgroup files and recorded in every cell. Under it, the proxy bounds
+    /// throughput, as in the study (a proxy on a few cores with more clients than they
+    /// serve), and requests/s ranks the providers. Default: 0.1 in local mode; a remote
+    /// proxy's budget is set on its own host.
+    #[arg(long)]
+    pub proxy_cpu_budget: Option<BudgetChoice>,
     /// Reactor threads of each proxy (default: the proxy's own default, one per CPU).
     #[arg(long)]
     pub proxy_worker_threads: Option<usize>,
@@ -199,7 +222,7 @@ fn redact_run_args<S: serde::Serializer>(v: &[String], s: S) -> Result<S::Ok, S:
 
 impl CompareArgs {
     /// The flags with every default decided: providers (openssl-qat joins when a provider
-    /// is installed), the QAT provider's directory, the concurrency.
+    /// is installed), the QAT provider's directory, the concurrency, the proxy's budget.
     pub fn resolved(&self) -> CompareArgs {
         let mut args = self.clone();
         args.qat_module_path = find_qat_provider(self.qat_module_path.as_deref());
@@ -210,12 +233,13 @@ impl CompareArgs {
             }
             p
         });
-        let with_qat = providers.contains(&ProviderName::OpensslQat);
-        args.concurrency = Some(self.concurrency.unwrap_or(if with_qat {
-            QAT_CONCURRENCY
-        } else {
-            DEFAULT_CONCURRENCY
-        }));
+        args.concurrency = Some(self.concurrency.unwrap_or(CONCURRENCY));
+        if self.proxy_admin.is_none() {
+            args.proxy_cpu_budget = Some(
+                self.proxy_cpu_budget
+                    .unwrap_or(BudgetChoice::Cores(DEFAULT_PROXY_CPU_BUDGET)),
+            );
+        }
         args.terminators.providers = Some(providers);
         args
     }
@@ -239,10 +263,8 @@ impl CompareArgs {
 
 /// The file a cell's result goes to.
 pub fn cell_path(out: &Path, cell: &Cell) -> PathBuf {
-    out.join("cells").join(format!(
-        "{}__{}__r{}.json",
-        cell.provider, cell.algorithm, cell.repeat
-    ))
+    out.join("cells")
+        .join(format!("{}.json", cell_path_stem(cell)))
 }
 
 /// Pins loadgen itself, before any runtime thread exists.
@@ -384,7 +406,7 @@ fn base_run_args(args: &CompareArgs) -> Result<RunArgs> {
     // make later cells slower for reasons that have nothing to do with TLS.
     run.collection = "compare".to_owned();
     run.recreate = true;
-    run.concurrency = args.concurrency.unwrap_or(DEFAULT_CONCURRENCY);
+    run.concurrency = args.concurrency.unwrap_or(CONCURRENCY);
     run.connection_policy = args.connection_policy;
     run.resumption = args.resumption;
     run.kx = args.kx.clone();
@@ -453,6 +475,12 @@ pub async fn execute(args: &CompareArgs, stop: CancellationToken) -> Result<Vec<
     let work = args.out.join("work");
     std::fs::create_dir_all(&work)?;
     let remote = args.proxy_admin.is_some();
+    if let (true, Some(BudgetChoice::Cores(_))) = (remote, args.proxy_cpu_budget) {
+        bail!(
+            "--proxy-cpu-budget applies to a proxy compare starts; a remote proxy's budget is set \
+             on its host (systemd's CPUQuota=, docker --cpus, a Kubernetes CPU limit)"
+        );
+    }
     let (ca, cert_dir) = if remote {
         let ca = args.ca.clone().ok_or_else(|| {
             anyhow!("--proxy-admin needs --ca (the CA that signed the proxy's certificates)")
@@ -655,8 +683,68 @@ async fn run_local_cell(
     };
     let cmd = settings.command(&bin, work, "proxy", &args.proxy_args_for(settings.provider))?;
     let cpus = args.proxy_cpus.as_ref().map(|l| l.cpus.as_slice());
-    let proxy = tokio::task::block_in_place(|| procs::start(cmd, "proxy", work, cpus))
-        .context("the proxy would not start")?;
+    // The budget's group (or scope) is the cell's own: made before the proxy starts, removed
+    // once it has exited.
+    let budget = match args.proxy_cpu_budget {
+        Some(BudgetChoice::Cores(cores)) => {
+            let name = format!(
+                "vtp-loadgen-{}-{}",
+                std::process::id(),
+                cell_path_stem(cell)
+            );
+            Some((Prepared::new(&Cgroups::default(), cores, &name)?, cores))
+        }
+        _ => None,
+    };
+    let cmd = match &budget {
+        Some((prepared, _)) => prepared.command(cmd),
+        None => cmd,
+    };
+    let started = tokio::task::block_in_place(|| procs::start(cmd, "proxy", work, cpus));
+    let proxy = match started {
+        Ok(p) => p,
+        Err(e) => {
+            if let Some((prepared, _)) = budget {
+                prepared.remove();
+            }
+            return Err(e.context("the proxy would not start"));
+        }
+    };
+    let result = budgeted_cell(base, cell, ca, upstream_pid, out, stop, &proxy, &budget).await;
+    let stopped = tokio::task::block_in_place(|| procs::stop(proxy));
+    if let Some((prepared, _)) = budget {
+        tokio::task::block_in_place(|| prepared.remove());
+    }
+    let summary = result?;
+    stopped?;
+    Ok(summary)
+}
+
+/// A started local proxy's cell: its budget attached and read back, then measured.
+#[allow(clippy::too_many_arguments)]
+async fn budgeted_cell(
+    base: &RunArgs,
+    cell: &Cell,
+    ca: &Path,
+    upstream_pid: Option<u32>,
+    out: &Path,
+    stop: CancellationToken,
+    proxy: &Launched,
+    budget: &Option<(Prepared, f64)>,
+) -> Result<String> {
+    if let Some((prepared, cores)) = budget {
+        let quota = prepared
+            .attach(&Cgroups::default(), proxy.pid(), *cores)
+            .context("the proxy's CPU budget")?;
+        tracing::info!(
+            "proxy budget: {:.2} cores ({}, {} of {} us, {})",
+            quota.cores,
+            quota.mechanism,
+            quota.quota_us,
+            quota.period_us,
+            quota.file.display()
+        );
+    }
     let ready = proxy.proxy_ready()?;
     let (Some(listen), Some(admin)) = (ready.first_listener(), ready.admin) else {
         bail!("the proxy's ready file names no listener or no admin address");
@@ -674,11 +762,12 @@ async fn run_local_cell(
     if let Some(pid) = upstream_pid {
         run.watch_pid.push(format!("upstream={pid}"));
     }
-    let result = measure(run, stop).await;
-    let stopped = tokio::task::block_in_place(|| procs::stop(proxy));
-    let summary = result?;
-    stopped?;
-    Ok(summary)
+    measure(run, stop).await
+}
+
+/// A cell's name in file names: `provider__algorithm__rN`.
+fn cell_path_stem(cell: &Cell) -> String {
+    format!("{}__{}__r{}", cell.provider, cell.algorithm, cell.repeat)
 }
 
 async fn run_remote_cell(
@@ -792,18 +881,25 @@ mod tests {
             .args
     }
 
-    /// An installed QAT provider joins openssl-qat to the default providers at the study's
-    /// concurrency, and its cells (only those) get the provider's directory; explicit
-    /// flags win.
+    /// An installed QAT provider joins openssl-qat to the default providers at the same
+    /// concurrency and budget as every other provider, and its cells (only those) get the
+    /// provider's directory; explicit flags win.
     #[test]
-    fn an_installed_qat_provider_joins_the_matrix_at_the_studys_concurrency() {
+    fn an_installed_qat_provider_joins_the_matrix_at_the_same_concurrency_and_budget() {
         let dir = std::env::temp_dir().join(format!("qat-modules-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         std::fs::write(dir.join("qatprovider.so"), b"").unwrap();
         let path = dir.display().to_string();
         let args = compare_args(&["--qat-module-path", &path]).resolved();
         assert_eq!(args.providers(), &ProviderName::ALL);
-        assert_eq!(args.concurrency, Some(QAT_CONCURRENCY));
+        assert_eq!(args.concurrency, Some(CONCURRENCY));
+        let without_qat = compare_args(&["--providers", "ring,aws-lc-rs"]).resolved();
+        assert_eq!(without_qat.concurrency, args.concurrency);
+        assert_eq!(without_qat.proxy_cpu_budget, args.proxy_cpu_budget);
+        assert_eq!(
+            args.proxy_cpu_budget,
+            Some(BudgetChoice::Cores(DEFAULT_PROXY_CPU_BUDGET))
+        );
         assert_eq!(
             args.proxy_args_for(ProviderName::OpensslQat),
             vec![format!("--qat-module-path={path}")]

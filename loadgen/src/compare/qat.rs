@@ -1,5 +1,4 @@
-//! Where `loadgen compare` finds an installed QAT provider, and the concurrency a matrix
-//! with openssl-qat runs at.
+//! Where `loadgen compare` finds an installed QAT provider.
 
 use std::path::{Path, PathBuf};
 
@@ -10,12 +9,6 @@ pub(super) const QAT_INSTALL_DIRS: [&str; 3] = [
     "/usr/local/lib/ossl-modules",
     "/usr/lib/x86_64-linux-gnu/ossl-modules",
 ];
-
-/// The concurrency of a matrix without openssl-qat: the quick profile's few workers.
-pub(super) const DEFAULT_CONCURRENCY: usize = 4;
-/// The concurrency of a matrix with openssl-qat: the study's 32 clients, enough
-/// handshakes at once for qat_sw's batches of eight to fill.
-pub(super) const QAT_CONCURRENCY: usize = 32;
 
 /// The directory holding an installed `qatprovider.so`: `named`, else the first of
 /// QAT_PROVIDER_DIR, OPENSSL_MODULES and the install directories deploy/QAT.md names

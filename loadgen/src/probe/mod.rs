@@ -4,6 +4,7 @@
 //! fixed interval, and read out when it ends.
 
 pub mod cpu;
+pub mod estimate;
 pub mod prometheus;
 pub mod proxy_metrics;
 pub mod rapl;
@@ -226,6 +227,7 @@ impl Running {
             cpu_seconds_per_request: per_request(own_after - self.own_before),
             percent_of_core: 100.0 * (own_after - self.own_before) / elapsed,
             cpus_allowed: cpu::cpus_allowed(root, std::process::id()),
+            cpu_quota: quota_of(root, std::process::id()),
         };
         let mut warnings = Vec::new();
         let mut watched = Vec::new();
@@ -248,6 +250,7 @@ impl Running {
                 cpu_seconds_per_request: per_request(secs),
                 percent_of_core: 100.0 * secs / elapsed,
                 cpus_allowed: w.pids.first().and_then(|&p| cpu::cpus_allowed(root, p)),
+                cpu_quota: w.pids.first().and_then(|&p| quota_of(root, p)),
             });
         }
         let system = match (&self.system_before, &system_after) {
@@ -381,4 +384,12 @@ pub struct Finished {
 /// A counter's growth between two scrapes; None when the second has no such counter.
 fn since(before: Option<f64>, after: Option<f64>) -> Option<f64> {
     after.map(|a| a - before.unwrap_or(0.0))
+}
+
+/// A process's CPU quota from its cgroup files; `None` where it has none or the cgroup
+/// files cannot be read (a quota that cannot be read is not one that bound it).
+fn quota_of(proc_root: &std::path::Path, pid: u32) -> Option<crate::budget::CpuQuota> {
+    crate::budget::read_quota(&crate::budget::Cgroups::at(proc_root), pid)
+        .ok()
+        .flatten()
 }

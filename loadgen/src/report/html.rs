@@ -3,7 +3,7 @@
 use std::fmt::Write;
 
 use super::chart::{bar_chart, first_reason};
-use super::{format_value, Figure, Report};
+use super::{format_value, study_table, Figure, Report, STUDY_HEADER};
 
 fn esc(s: &str) -> String {
     s.replace('&', "&amp;")
@@ -37,6 +37,21 @@ pub fn render(r: &Report) -> String {
         r.failures.len(),
         r.repeats.max(1)
     );
+    let _ = writeln!(
+        s,
+        "<h2>The study's table</h2><p>Median (min-max over rounds) · ratio against the best software provider. <i>Estimated W</i> is a CPU-utilisation model (see Estimated power above), never a measurement.</p><table id=\"study\"><tr>{}</tr>",
+        STUDY_HEADER.map(|h| format!("<th>{}</th>", esc(h))).concat()
+    );
+    for row in study_table(r) {
+        let _ = writeln!(
+            s,
+            "<tr>{}</tr>",
+            row.iter()
+                .map(|c| format!("<td>{}</td>", esc(c)))
+                .collect::<String>()
+        );
+    }
+    let _ = writeln!(s, "</table>");
     let _ = writeln!(s, "<h2>Charts</h2>\n<div class=\"charts\">");
     for m in r.metrics().into_iter().filter(|m| m.charted) {
         let _ = writeln!(s, "<figure id=\"chart-{}\">{}", m.key, bar_chart(r, m));

@@ -2,7 +2,7 @@
 
 use std::fmt::Write;
 
-use super::{format_value, Figure, Report};
+use super::{format_value, study_table, Figure, Report, STUDY_HEADER};
 
 pub fn render(r: &Report) -> String {
     let mut s = String::new();
@@ -21,6 +21,16 @@ pub fn render(r: &Report) -> String {
         s,
         "Ratios (x) compare each provider with the best software provider (ring, aws-lc-rs, openssl) on that figure and algorithm; above 1.00x is better, whichever way the figure runs.\n"
     );
+    let _ = writeln!(
+        s,
+        "## The study's table\n\nMedian (min-max over rounds) · ratio against the best software provider; \"estimated W\" is a CPU-utilisation model (see Estimated power above), never a measurement.\n\n| {} |\n|---|---|{}",
+        STUDY_HEADER.join(" | "),
+        "---:|".repeat(STUDY_HEADER.len() - 3) + "---|"
+    );
+    for row in study_table(r) {
+        let _ = writeln!(s, "| {} |", row.join(" | "));
+    }
+    let _ = writeln!(s);
     let mut missing: Vec<String> = Vec::new();
     for a in &r.algorithms {
         let _ = writeln!(s, "## {a}\n");

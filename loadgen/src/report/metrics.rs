@@ -49,6 +49,15 @@ fn watts(r: &RunResult) -> Result<(f64, f64), String> {
     }
 }
 
+/// The estimate's mean watts, never a measurement's.
+fn estimated_watts(r: &RunResult) -> Result<f64, String> {
+    match (&r.power_estimate.value, &r.power_estimate.reason) {
+        (Some(e), _) => Ok(e.mean_watts),
+        (None, Some(reason)) => Err(reason.clone()),
+        (None, None) => Err("not estimated".to_owned()),
+    }
+}
+
 fn latency(r: &RunResult, pick: fn(&crate::result::Percentiles) -> f64) -> Result<f64, String> {
     r.latency_ms
         .as_ref()
@@ -161,6 +170,31 @@ pub const METRICS: &[Metric] = &[
                 Err("zero watts measured".to_owned())
             }
         },
+    },
+    Metric {
+        key: "requests_per_estimated_watt",
+        title: "Requests per estimated watt",
+        unit: "requests/s per estimated W (CPU-utilisation model, not measured)",
+        better: Better::Higher,
+        charted: true,
+        optional: false,
+        extract: |r| {
+            let w = estimated_watts(r)?;
+            if w > 0.0 {
+                Ok(r.requests_per_second / w)
+            } else {
+                Err("zero watts estimated".to_owned())
+            }
+        },
+    },
+    Metric {
+        key: "estimated_watts",
+        title: "Estimated power",
+        unit: "W, estimated from CPU utilisation (not measured)",
+        better: Better::Lower,
+        charted: false,
+        optional: false,
+        extract: estimated_watts,
     },
     Metric {
         key: "joules_per_1000_requests",

@@ -263,7 +263,8 @@ fn baselines(
 const SATURATED: f64 = 0.9;
 
 /// What bounded one run's throughput: the first of the machine's CPU (all cores busy), a
-/// process at the CPU it was allowed (its `cpus_allowed`, or every core), or, when nothing
+/// process at the CPU it was allowed (its `cpus_allowed`, its cgroup's quota where that is
+/// less, or every core), or, when nothing
 /// was saturated, the client's concurrency against the round trip (latency-bound).
 pub fn bound(r: &RunResult) -> String {
     let qat = r.proxy_metrics.value.as_ref().and_then(|p| {
@@ -301,6 +302,34 @@ fn bound_by_cpu(r: &RunResult) -> String {
     procs.sort_by(|a, b| b.1.total_cmp(&a.1));
     let usage: Vec<String> = procs.iter().map(|(n, c)| format!("{n} {c:.2}")).collect();
     let usage = format!("cores used: {}", usage.join(", "));
+    // What a process could use: the cores it may run on, or its cgroup's quota (a CPU
+    // budget) where that is less.
+    let allowed = |name: &str| {
+        let p = r
+            .cpu
+            .watched
+            .iter()
+            .chain(std::iter::once(&r.cpu.loadgen))
+            .find(|p| p.name == name);
+        let on = p
+            .and_then(|p| p.cpus_allowed.as_deref())
+            .map_or(cores, |l| cpu_list_len(l).max(1) as f64);
+        match p.and_then(|p| p.cpu_quota.as_ref()) {
+            Some(q) if q.cores < on => (q.cores, format!("its {:.2}-core budget", q.cores), true),
+            _ => (on, format!("{on:.0} cores"), false),
+        }
+    };
+    let at_limit = |budgeted: bool| {
+        procs.iter().find_map(|(name, used)| {
+            let (limit, what, has_budget) = allowed(name);
+            (has_budget == budgeted && *used >= SATURATED * limit)
+                .then(|| format!("{name}'s CPU ({used:.2} of {what}); {usage}"))
+        })
+    };
+    // A process at its budget is throttled there whatever the rest of the machine does.
+    if let Some(bound) = at_limit(true) {
+        return bound;
+    }
     if let Some(system) = r.cpu.system_utilisation_percent.value {
         if system / 100.0 >= SATURATED {
             let top = procs.first().map_or("?", |(n, _)| n.as_str());
@@ -309,23 +338,8 @@ fn bound_by_cpu(r: &RunResult) -> String {
             );
         }
     }
-    let allowed = |name: &str| {
-        let list = r
-            .cpu
-            .watched
-            .iter()
-            .chain(std::iter::once(&r.cpu.loadgen))
-            .find(|p| p.name == name)
-            .and_then(|p| p.cpus_allowed.clone());
-        list.map_or(cores, |l| cpu_list_len(&l).max(1) as f64)
-    };
-    for (name, used) in &procs {
-        if *used >= SATURATED * allowed(name) {
-            return format!(
-                "{name}'s CPU ({used:.2} of {:.0} cores); {usage}",
-                allowed(name)
-            );
-        }
+    if let Some(bound) = at_limit(false) {
+        return bound;
     }
     let busiest = procs.first().map_or(String::new(), |(n, c)| {
         format!(" (busiest: {n}, {c:.2} cores)")
@@ -557,7 +571,111 @@ fn run_facts(r: &RunResult) -> Vec<(String, String)> {
                 (None, _) => "not measured (each n/a says why)".into(),
             },
         ),
+        (
+            "Estimated power".into(),
+            match &r.power_estimate.value {
+                Some(e) => format!(
+                    "{}: per vCPU {} W idle + utilisation x ({} - {}) W, x {} vCPUs of this host; \
+                     an estimate, never a measurement: it restates CPU utilisation as watts and \
+                     cannot see a QAT device's own power",
+                    e.model,
+                    e.idle_watts_per_vcpu,
+                    e.full_watts_per_vcpu,
+                    e.idle_watts_per_vcpu,
+                    e.vcpus
+                ),
+                None => format!(
+                    "none ({})",
+                    r.power_estimate.reason.as_deref().unwrap_or("not estimated")
+                ),
+            },
+        ),
+        ("Proxy CPU budget".into(), budget_fact(r)),
     ]
+}
+
+/// The proxy's CPU budget as its cgroup files gave it, and what it means beside the study.
+fn budget_fact(r: &RunResult) -> String {
+    let proxy = r.cpu.watched.iter().find(|p| p.name == "proxy");
+    match proxy.and_then(|p| p.cpu_quota.as_ref()) {
+        Some(q) => format!(
+            "{:.2} cores ({}: {} us per {} us, read back from {}). The study gave its proxy \
+             whole cores of a larger host with more clients than they served; here a fraction \
+             of a core plays that part so that the proxy, not the database beside it, bounds \
+             throughput. Requests/s over the budget (requests per proxy core-second) is the \
+             figure that scales: times the cores you give the proxy on a bigger machine, while \
+             its clients and database keep up",
+            q.cores,
+            q.mechanism,
+            q.quota_us,
+            q.period_us,
+            q.file.display()
+        ),
+        None if proxy.is_some() => "none: the proxy could use every core it was allowed, so \
+            throughput may be bounded by the database or the client (see what bounded each cell)"
+            .into(),
+        None => "not known (no proxy process watched)".into(),
+    }
+}
+
+/// The study's columns, in its order: requests/s, requests/s per watt (measured, then
+/// estimated, never in one column), and the CPU left for co-located work.
+pub const STUDY_METRICS: [&str; 4] = [
+    "requests_per_second",
+    "requests_per_watt",
+    "requests_per_estimated_watt",
+    "cpu_headroom_percent",
+];
+
+/// The header of [`study_table`]'s rows.
+pub const STUDY_HEADER: [&str; 7] = [
+    "algorithm",
+    "provider",
+    "requests/s",
+    "requests/s per W (measured)",
+    "requests/s per estimated W",
+    "CPU left for co-located work (% of all cores)",
+    "bounded by",
+];
+
+/// The table the study reports, one row per algorithm and provider: each figure as its
+/// median with the spread and its ratio against the best software provider, then what
+/// bounded the cell, so a reader sees at once whether requests/s ranks the providers.
+pub fn study_table(r: &Report) -> Vec<[String; 7]> {
+    let mut rows = Vec::new();
+    for a in &r.algorithms {
+        for p in &r.providers {
+            let cell = |key: &str| {
+                let m = METRICS.iter().find(|m| m.key == key).expect("a metric");
+                match r.figure(p, a, key) {
+                    Some(f @ Figure::Value { .. }) => {
+                        let ratio = r
+                            .ratio(p, a, m)
+                            .map(|x| format!(" · {x:.2}x"))
+                            .unwrap_or_default();
+                        format!("{}{ratio}", format_value(f))
+                    }
+                    Some(Figure::Missing(_)) => "n/a".to_owned(),
+                    None => "failed".to_owned(),
+                }
+            };
+            let bound = r
+                .bounds
+                .get(&(p.clone(), a.clone()))
+                .map(|b| b.split(';').next().unwrap_or(b).to_owned())
+                .unwrap_or_else(|| "-".to_owned());
+            rows.push([
+                a.clone(),
+                p.as_str().to_owned(),
+                cell(STUDY_METRICS[0]),
+                cell(STUDY_METRICS[1]),
+                cell(STUDY_METRICS[2]),
+                cell(STUDY_METRICS[3]),
+                bound,
+            ]);
+        }
+    }
+    rows
 }
 
 /// Formats a figure for tables: median, and the spread when there were repeats.

@@ -58,6 +58,8 @@ pub(super) fn read_out(
     if m.outcome.interrupted {
         warnings.push("interrupted: the figures cover the time until the stop".to_owned());
     }
+    let (cpu_model, cores, kernel) = probe::cpu::machine_facts(proc_root);
+    let power_estimate = estimate_power(&m.finished.cpu, cores, secs);
     let result = RunResult {
         schema: SCHEMA.to_owned(),
         cell: args.cell_provider.as_ref().map(|p| Cell {
@@ -69,7 +71,6 @@ pub(super) fn read_out(
         target: target.to_string(),
         config: RunConfig::of(args)?,
         environment: {
-            let (cpu_model, cores, kernel) = probe::cpu::machine_facts(proc_root);
             Environment {
                 host: probe::cpu::host_name(proc_root),
                 cpu_model,
@@ -125,6 +126,7 @@ pub(super) fn read_out(
             .as_ref()
             .and_then(Percentiles::from_us),
         cpu: m.finished.cpu,
+        power_estimate,
         power: m.finished.power,
         proxy_metrics: m.finished.proxy,
         verification: m.verification,
@@ -154,6 +156,30 @@ pub(super) fn read_out(
             .collect(),
     };
     Ok(result)
+}
+
+/// This host's power estimated from its measured utilisation ([`probe::estimate`]), where
+/// the proxy ran on it: with the utilisation of another host (remote mode) but not its
+/// vCPUs, no estimate is made.
+fn estimate_power(
+    cpu: &CpuRecord,
+    cores: usize,
+    secs: f64,
+) -> Measured<probe::estimate::PowerEstimate> {
+    if cpu.target_host_utilisation_percent.value.is_some() {
+        return Measured::missing(
+            "the proxy ran on another host: its vCPUs are not known here, so no estimate",
+        );
+    }
+    match cpu.system_utilisation_percent.value {
+        Some(u) => Measured::ok(probe::estimate::CCF_AWS_AVERAGE.estimate(cores, u, secs)),
+        None => Measured::missing(
+            cpu.system_utilisation_percent
+                .reason
+                .clone()
+                .unwrap_or_else(|| "no CPU utilisation measured".to_owned()),
+        ),
+    }
 }
 
 pub(super) async fn verify(

@@ -224,7 +224,7 @@ impl Prepared {
         match (systemd, systemd_run) {
             (true, Some(_)) => Ok(Self::SystemdScope {
                 unit: format!("{name}.scope"),
-                user: !nix::unistd::geteuid().is_root(),
+                user: !is_root(),
                 percent: cores * 100.0,
             }),
             (systemd, systemd_run) => bail!(
@@ -430,6 +430,12 @@ fn unescape_mount_path(s: &str) -> String {
         .replace("\\011", "\t")
         .replace("\\012", "\n")
         .replace("\\134", "\\")
+}
+
+/// Whether this process runs as root: its /proc entry belongs to its effective user.
+fn is_root() -> bool {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata("/proc/self").is_ok_and(|m| m.uid() == 0)
 }
 
 fn which(name: &str) -> Option<PathBuf> {

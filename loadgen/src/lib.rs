@@ -4,7 +4,8 @@
 //!
 //! Module map: [`vectors`] (where vectors come from), [`workload`] (request bodies, built
 //! before timing), [`client`] (TLS client, connections, Qdrant set-up calls), [`driver`]
-//! (closed and open loop), [`probe`] (CPU, power, proxy metrics), [`result`] (the JSON
+//! (closed and open loop), [`probe`] (CPU, power, proxy metrics), [`power_estimate`] (watts
+//! estimated from CPU utilisation by a published model, where no meter is read), [`result`] (the JSON
 //! result), [`summary`] (the human summary), [`run`] (one run, end to end), [`procs`] (the
 //! processes compare and bench start and stop), [`compare`] (the provider x algorithm
 //! matrix), [`cells`] (a comparison's result files read back, side-by-side parts merged),
@@ -24,6 +25,7 @@ pub mod client;
 pub mod compare;
 pub mod driver;
 pub mod merge;
+pub mod power_estimate;
 pub mod probe;
 pub mod procs;
 pub mod report;

@@ -196,7 +196,7 @@ pub struct CpuRecord {
 }
 
 /// The estimate of results written before there was one.
-pub fn not_estimated() -> Measured<crate::probe::estimate::PowerEstimate> {
+pub fn not_estimated() -> Measured<crate::power_estimate::PowerEstimate> {
     Measured::missing("not estimated by this version of loadgen")
 }
 
@@ -418,9 +418,9 @@ pub struct RunResult {
     /// Energy, or why it was not measured.
     pub power: Measured<PowerRecord>,
     /// Power estimated from this host's CPU utilisation by a published model
-    /// ([`crate::probe::estimate`]): never a measurement, and never mixed with `power`.
+    /// ([`crate::power_estimate`]): never a measurement, and never mixed with `power`.
     #[serde(default = "not_estimated")]
-    pub power_estimate: Measured<crate::probe::estimate::PowerEstimate>,
+    pub power_estimate: Measured<crate::power_estimate::PowerEstimate>,
     /// The proxy's own counts, or why they were not read.
     pub proxy_metrics: Measured<ProxyMetricsDelta>,
     /// The collection's count check, or why it was not made.

@@ -152,6 +152,19 @@ fn outcome(s: &mut String, r: &RunResult) {
     );
     let _ = writeln!(
         s,
+        "estimated power (a model, not a measurement): {}",
+        measured(&r.power_estimate, |e| format!(
+            "{:.1} W at {:.0} % of {} vCPUs ({} W idle to {} W full per vCPU: {})",
+            e.mean_watts,
+            e.utilisation_percent,
+            e.vcpus,
+            e.idle_watts_per_vcpu,
+            e.full_watts_per_vcpu,
+            e.model
+        ))
+    );
+    let _ = writeln!(
+        s,
         "stored: {}",
         measured(&r.verification, |v| format!(
             "collection count {} -> {}, acknowledged {} points: {}",

@@ -163,3 +163,103 @@ fn a_folder_without_cells_is_a_clear_error() {
     assert!(err.contains("unknown schema"), "{err}");
     std::fs::remove_dir_all(dir).ok();
 }
+
+/// A proxy under a CPU budget: the cell is bounded by the proxy at its budget (read from the
+/// quota each result recorded), the study's table opens the report with that bound, and
+/// watts estimated from CPU utilisation stay in their own labelled columns, never mixed with
+/// measured ones; the model and its coefficients are printed.
+#[test]
+fn a_budgeted_proxy_bounds_its_cells_and_estimated_watts_stay_apart_from_measured_ones() {
+    let dir = scratch("budget");
+    for (r, (ring, aws)) in [(30.0, 60.0), (32.0, 58.0), (31.0, 61.0)]
+        .into_iter()
+        .enumerate()
+    {
+        let r = r as u32 + 1;
+        write_cell(&dir, "ring", "rsa4096", r, ring, 400.0, None);
+        write_cell(&dir, "aws-lc-rs", "rsa4096", r, aws, 200.0, Some(20.0));
+        for provider in ["ring", "aws-lc-rs"] {
+            let path = dir.join(format!("cells/{provider}__rsa4096__r{r}.json"));
+            let mut v: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+            // The proxy used 0.097 cores of its 0.10-core budget; the database 0.55.
+            v["cpu"]["watched"][0]["percent_of_core"] = json!(9.7);
+            v["cpu"]["watched"][0]["cpu_quota"] = json!({
+                "cores": 0.1, "quota_us": 10000, "period_us": 100000,
+                "file": "/sys/fs/cgroup/cpu/vtp-loadgen-1-cell/cpu.cfs_quota_us",
+                "mechanism": "cgroup v1 cpu.cfs_quota_us"
+            });
+            v["cpu"]["watched"][1]["percent_of_core"] = json!(55.0);
+            v["cpu"]["system_utilisation_percent"] = json!({"value": 40.0});
+            // CCF's AWS averages at 40 % of 2 vCPUs: 2 x (0.74 + 0.4 x 2.76) = 3.688 W.
+            v["power_estimate"] =
+                json!({"value": loadgen::power_estimate::CCF_AWS_AVERAGE.estimate(2, 40.0, 10.0)});
+            std::fs::write(&path, serde_json::to_vec(&v).unwrap()).unwrap();
+        }
+    }
+    let rep = report::load(&dir).unwrap();
+    let bound = &rep.bounds[&("aws-lc-rs".into(), "rsa4096".to_owned())];
+    assert!(
+        bound.starts_with("proxy's CPU (0.10 of its 0.10-core budget)"),
+        "{bound}"
+    );
+    let verdicts = &rep.verdicts[0].1;
+    assert!(
+        verdicts
+            .iter()
+            .all(|l| !l.contains("not bounded by the proxy")),
+        "{verdicts:?}"
+    );
+    // Estimated: 60 requests/s over 3.688 W; measured only where a meter was read.
+    let est = rep
+        .figure(
+            &"aws-lc-rs".into(),
+            "rsa4096",
+            "requests_per_estimated_watt",
+        )
+        .and_then(Figure::median)
+        .unwrap();
+    assert!((est - 60.0 / 3.688).abs() < 1e-6, "{est}");
+    let measured = rep
+        .figure(&"aws-lc-rs".into(), "rsa4096", "requests_per_watt")
+        .and_then(Figure::median)
+        .unwrap();
+    assert!((measured - 60.0 / 20.0).abs() < 1e-9, "{measured}");
+    assert!(matches!(
+        rep.figure(&"ring".into(), "rsa4096", "requests_per_watt"),
+        Some(Figure::Missing(_))
+    ));
+
+    report::render(&dir).unwrap();
+    let md = std::fs::read_to_string(dir.join("report.md")).unwrap();
+    let study = md.find("## The study's table").expect("the study's table");
+    assert!(
+        study < md.find("## rsa4096").unwrap(),
+        "it opens the report"
+    );
+    assert!(
+        md.contains("| rsa4096 | aws-lc-rs | 60.0 (58.0-61.0) · 1.00x | 3.00 (2.90-3.05) · 1.00x | 16.3 (15.7-16.5) · 1.00x |"),
+        "{md}"
+    );
+    assert!(
+        md.contains("| rsa4096 | ring | 31.0 (30.0-32.0) · 0.52x | n/a |"),
+        "{md}"
+    );
+    assert!(
+        md.contains("proxy's CPU (0.10 of its 0.10-core budget) |"),
+        "{md}"
+    );
+    assert!(
+        md.contains("- **Proxy CPU budget**: 0.10 cores (cgroup v1 cpu.cfs_quota_us: 10000 us per 100000 us"),
+        "{md}"
+    );
+    assert!(
+        md.contains("- **Estimated power**: Cloud Carbon Footprint compute model, AWS average coefficients (SPECpower): per vCPU 0.74 W idle + utilisation x (3.5 - 0.74) W, x 2 vCPUs"),
+        "{md}"
+    );
+    let html = std::fs::read_to_string(dir.join("report.html")).unwrap();
+    assert!(
+        html.find("<table id=\"study\">").unwrap() < html.find("<h2>Charts</h2>").unwrap(),
+        "the study's table is at the top of the page"
+    );
+    std::fs::remove_dir_all(dir).ok();
+}

@@ -13,9 +13,7 @@ const OWN_TLS: &str = "embedded-qdrant own TLS (defaults)";
 #[test]
 fn bench_measures_every_row_for_the_proxy_and_both_peers() {
     // The peers, the users' load tools and the instruction counter the rows run.
-    for tool in ["nginx", "haproxy", "ab", "h2load", "valgrind"] {
-        system_tool(tool);
-    }
+    let _ = ["nginx", "haproxy", "ab", "h2load", "valgrind"].map(system_tool);
     let out = temp_dir("bench");
     let metrics_save = || std::fs::read_to_string("/proc/sys/net/ipv4/tcp_no_metrics_save");
     let metrics_save_before = metrics_save().expect("tcp_no_metrics_save");

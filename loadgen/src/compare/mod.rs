@@ -12,9 +12,9 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
-use clap::{Args, Parser, ValueEnum};
+use clap::{Args, ValueEnum};
 use proxy::config::UpstreamProtocol;
-use proxy::crypto::{generate_cert_set, CertAlgorithmName, KxGroupName, ProviderName};
+use proxy::crypto::{generate_cert_set, KxGroupName, ProviderName};
 use proxy::launch::{AdminSettings, LimitSettings, ListenerSettings, ProxySettings, TlsSettings};
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
@@ -28,7 +28,10 @@ use crate::result::{CellProvider, OnOff, TlsVersion};
 use crate::run::{self, RunArgs};
 use crate::terminator_flags::{TerminatorFlags, DEFAULT_CLIENT_CONGESTION_CONTROL};
 
+mod plan;
 mod qat;
+use plan::cell_run_args;
+pub use plan::{cells, ComparePlan, Mode};
 use qat::{find_qat_provider, QAT_INSTALL_DIRS};
 
 use crate::budget::{BudgetChoice, Cgroups, Prepared};
@@ -282,10 +285,10 @@ struct Upstream {
     data: Option<PathBuf>,
 }
 
-fn start_upstream(args: &CompareArgs, work: &Path) -> Result<Upstream> {
-    if let Some(url) = &args.upstream {
+fn start_upstream(args: &CompareArgs, given: Option<&str>, work: &Path) -> Result<Upstream> {
+    if let Some(url) = given {
         return Ok(Upstream {
-            url: url.clone(),
+            url: url.to_owned(),
             managed: None,
             data: None,
         });
@@ -327,115 +330,14 @@ fn dir_bytes(dir: &Path) -> u64 {
         .sum()
 }
 
-/// Every cell of the matrix, in run order: rounds outermost, then algorithms, then providers
-/// (so the providers of one algorithm run back to back).
-pub fn plan(
-    providers: &[ProviderName],
-    algorithms: &[CertAlgorithmName],
-    repeat: u32,
-) -> Vec<Cell> {
-    let mut cells = Vec::new();
-    for r in 1..=repeat.max(1) {
-        for a in algorithms {
-            for p in providers {
-                cells.push(Cell {
-                    provider: CellProvider::Proxy(*p),
-                    algorithm: a.to_string(),
-                    repeat: r,
-                });
-            }
-        }
-    }
-    cells
-}
-
-/// The `run` flags compare decides for every cell; set after `--` they are refused
-/// rather than silently overridden. (`--target` is refused by clap itself: it is given.)
-const FLAGS_COMPARE_SETS: [&str; 16] = [
-    "protocol",
-    "collection",
-    "recreate",
-    "concurrency",
-    "connection_policy",
-    "resumption",
-    "kx",
-    "tls_version",
-    "warmup",
-    "duration",
-    "requests",
-    "quiet",
-    "ca",
-    "out",
-    "proxy_metrics",
-    "cell_repeat",
-];
-
 /// The clients' congestion control in cells whose proxy compare starts on this machine,
 /// unless the flags after `--` name one: the bench's choice, for the bench's reason.
 const LOCAL_CELL_CONGESTION_CONTROL: &str = DEFAULT_CLIENT_CONGESTION_CONTROL;
 
-/// Stands for a cell's target until the cell knows it (a local cell's proxy picks its port).
-const TARGET_PER_CELL: &str = "localhost:1";
-
-/// What every cell runs, typed and checked once before anything starts: the flags after
-/// `--` parsed (once, the only parse), compare's own settings applied over them. Each cell
-/// then sets only what is its own (target, CA, output, cell, the proxy's metrics).
-fn base_run_args(args: &CompareArgs) -> Result<RunArgs> {
-    use clap::{CommandFactory, FromArgMatches};
-    let argv = ["loadgen", "run", "--target", TARGET_PER_CELL]
-        .into_iter()
-        .map(str::to_owned)
-        .chain(args.run_args.iter().cloned());
-    let matches = RunWrapper::command()
-        .try_get_matches_from(argv)
-        .map_err(|e| anyhow!("{e}"))?;
-    let sub = matches
-        .subcommand_matches("run")
-        .expect("the argument list starts with run");
-    for id in FLAGS_COMPARE_SETS {
-        if sub.value_source(id) == Some(clap::parser::ValueSource::CommandLine) {
-            bail!(
-                "--{} is set by compare for every cell; use compare's own flag (see loadgen compare --help)",
-                id.replace('_', "-")
-            );
-        }
-    }
-    let mut run = RunArgs::from_arg_matches(sub).map_err(|e| anyhow!("{e}"))?;
-    run.protocol = Some(args.protocol);
-    // The same collection state for every cell: an index that grows across cells would
-    // make later cells slower for reasons that have nothing to do with TLS.
-    run.collection = "compare".to_owned();
-    run.recreate = true;
-    run.concurrency = args.concurrency.unwrap_or(CONCURRENCY);
-    run.connection_policy = args.connection_policy;
-    run.resumption = args.resumption;
-    run.kx = args.kx.clone();
-    run.tls_version = Some(args.tls_version);
-    run.warmup = args.warmup.unwrap_or_else(|| args.profile.warmup().into());
-    match (args.requests, args.duration) {
-        (Some(n), _) => run.requests = Some(n),
-        (None, d) => run.duration = Some(d.unwrap_or_else(|| args.profile.duration().into())),
-    }
-    run.quiet = true;
-    run.check()?;
-    Ok(run)
-}
-
-/// One cell's run: `base` with the cell's own settings.
-fn cell_run_args(base: &RunArgs, cell: &Cell, target: &str, ca: &Path, out: &Path) -> RunArgs {
-    let mut run = base.clone();
-    run.target = target.to_owned();
-    run.ca = Some(ca.to_owned());
-    run.out = Some(out.to_owned());
-    run.cell_provider = Some(cell.provider.clone());
-    run.cell_algorithm = Some(cell.algorithm.clone());
-    run.cell_repeat = cell.repeat;
-    run
-}
-
 /// Runs the whole comparison; returns the cells that failed.
-pub async fn execute(args: &CompareArgs, stop: CancellationToken) -> Result<Vec<CellFailure>> {
-    let args = &args.resolved();
+pub async fn execute(flags: &CompareArgs, stop: CancellationToken) -> Result<Vec<CellFailure>> {
+    let plan = ComparePlan::new(flags)?;
+    let args = &plan.args;
     if let Some(dir) = &args.qat_module_path {
         eprintln!("QAT provider: {} (openssl-qat cells)", dir.display());
     } else if args.providers().contains(&ProviderName::OpensslQat) {
@@ -445,11 +347,13 @@ pub async fn execute(args: &CompareArgs, stop: CancellationToken) -> Result<Vec<
             QAT_INSTALL_DIRS.join(", ")
         );
     }
-    let (providers, algorithms) = (&args.providers().to_vec(), &args.terminators.algorithms);
-    let repeat = args.repeat.unwrap_or(args.profile.repeat());
-    // Every cell's flags are parsed and checked once, up front, before anything starts.
-    let base = base_run_args(args)
-        .map_err(|e| anyhow!("flags after -- are not valid `loadgen run` flags here: {e}"))?;
+    if let Mode::Local {
+        budget: Some(cores),
+        ..
+    } = plan.mode
+    {
+        eprintln!("proxy CPU budget: {cores} cores (--proxy-cpu-budget)");
+    }
 
     let cells_dir = args.out.join("cells");
     std::fs::create_dir_all(&cells_dir)
@@ -474,39 +378,22 @@ pub async fn execute(args: &CompareArgs, stop: CancellationToken) -> Result<Vec<
     }
     let work = args.out.join("work");
     std::fs::create_dir_all(&work)?;
-    let remote = args.proxy_admin.is_some();
-    if let (true, Some(BudgetChoice::Cores(_))) = (remote, args.proxy_cpu_budget) {
-        bail!(
-            "--proxy-cpu-budget applies to a proxy compare starts; a remote proxy's budget is set \
-             on its host (systemd's CPUQuota=, docker --cpus, a Kubernetes CPU limit)"
-        );
-    }
-    let (ca, cert_dir) = if remote {
-        let ca = args.ca.clone().ok_or_else(|| {
-            anyhow!("--proxy-admin needs --ca (the CA that signed the proxy's certificates)")
-        })?;
-        let dir = args
-            .remote_cert_dir
-            .clone()
-            .ok_or_else(|| anyhow!("--proxy-admin needs --remote-cert-dir (where <algorithm>.crt/.key are on the proxy host)"))?;
-        (ca, dir)
-    } else {
-        let dir = args.out.join("certs");
-        let set = tokio::task::spawn_blocking({
-            let dir = dir.clone();
-            let algorithms = algorithms.clone();
-            move || generate_cert_set(&dir, &algorithms, &[])
-        })
-        .await?
-        .context("generating certificates")?;
-        (set.ca_cert, dir)
+    let (ca, cert_dir, upstream) = match &plan.mode {
+        Mode::Remote { ca, cert_dir, .. } => (ca.clone(), cert_dir.clone(), None),
+        Mode::Local { upstream, .. } => {
+            let dir = args.out.join("certs");
+            let set = tokio::task::spawn_blocking({
+                let dir = dir.clone();
+                let algorithms = args.terminators.algorithms.clone();
+                move || generate_cert_set(&dir, &algorithms, &[])
+            })
+            .await?
+            .context("generating certificates")?;
+            let started = start_upstream(args, upstream.as_deref(), &work)?;
+            (set.ca_cert, dir, Some(started))
+        }
     };
-    let upstream = if remote {
-        None
-    } else {
-        Some(start_upstream(args, &work)?)
-    };
-    let cells = plan(providers, algorithms, repeat);
+    let (cells, base) = (&plan.cells, &plan.base);
     let started = Instant::now();
     let mut failures = Vec::new();
     for (i, cell) in cells.iter().enumerate() {
@@ -535,23 +422,27 @@ pub async fn execute(args: &CompareArgs, stop: CancellationToken) -> Result<Vec<
             cell.repeat,
             started.elapsed().as_secs_f64()
         );
-        let outcome = if remote {
-            run_remote_cell(args, &base, cell, &ca, &cert_dir, &path, stop.clone()).await
-        } else {
-            let up = upstream.as_ref().expect("local mode has an upstream");
-            run_local_cell(
-                args,
-                &base,
-                cell,
-                &ca,
-                &cert_dir,
-                &up.url,
-                up.managed.as_ref().map(Launched::pid),
-                &work,
-                &path,
-                stop.clone(),
-            )
-            .await
+        let outcome = match (&plan.mode, &upstream) {
+            (remote @ Mode::Remote { .. }, _) => {
+                run_remote_cell(remote, base, cell, &cert_dir, &path, stop.clone()).await
+            }
+            (Mode::Local { budget, .. }, up) => {
+                let up = up.as_ref().expect("local mode has an upstream");
+                run_local_cell(
+                    args,
+                    *budget,
+                    base,
+                    cell,
+                    &ca,
+                    &cert_dir,
+                    &up.url,
+                    up.managed.as_ref().map(Launched::pid),
+                    &work,
+                    &path,
+                    stop.clone(),
+                )
+                .await
+            }
         };
         match outcome {
             Ok(summary) => eprintln!("    {summary}"),
@@ -590,19 +481,6 @@ pub async fn execute(args: &CompareArgs, stop: CancellationToken) -> Result<Vec<
     Ok(failures)
 }
 
-/// clap wrapper so the `run` flags after `--` are parsed by the same definitions as
-/// `loadgen run`'s.
-#[derive(Parser)]
-struct RunWrapper {
-    #[command(subcommand)]
-    cmd: RunCmd,
-}
-
-#[derive(clap::Subcommand)]
-enum RunCmd {
-    Run(Box<RunArgs>),
-}
-
 /// One measured cell; the error is the cell's failure reason.
 async fn measure(run_args: RunArgs, stop: CancellationToken) -> Result<String> {
     let result = run::execute(&run_args, stop).await?;
@@ -638,6 +516,7 @@ async fn measure(run_args: RunArgs, stop: CancellationToken) -> Result<String> {
 #[allow(clippy::too_many_arguments)]
 async fn run_local_cell(
     args: &CompareArgs,
+    budget: Option<f64>,
     base: &RunArgs,
     cell: &Cell,
     ca: &Path,
@@ -685,8 +564,8 @@ async fn run_local_cell(
     let cpus = args.proxy_cpus.as_ref().map(|l| l.cpus.as_slice());
     // The budget's group (or scope) is the cell's own: made before the proxy starts, removed
     // once it has exited.
-    let budget = match args.proxy_cpu_budget {
-        Some(BudgetChoice::Cores(cores)) => {
+    let budget = match budget {
+        Some(cores) => {
             let name = format!(
                 "vtp-loadgen-{}-{}",
                 std::process::id(),
@@ -694,7 +573,7 @@ async fn run_local_cell(
             );
             Some((Prepared::new(&Cgroups::default(), cores, &name)?, cores))
         }
-        _ => None,
+        None => None,
     };
     let cmd = match &budget {
         Some((prepared, _)) => prepared.command(cmd),
@@ -770,34 +649,24 @@ fn cell_path_stem(cell: &Cell) -> String {
     format!("{}__{}__r{}", cell.provider, cell.algorithm, cell.repeat)
 }
 
+/// One cell against a remote proxy: its provider and certificate switched, then measured.
 async fn run_remote_cell(
-    args: &CompareArgs,
+    mode: &Mode,
     base: &RunArgs,
     cell: &Cell,
-    ca: &Path,
     cert_dir: &Path,
     out: &Path,
     stop: CancellationToken,
 ) -> Result<String> {
-    let admin = args
-        .proxy_admin
-        .as_deref()
-        .expect("remote mode")
-        .trim_end_matches('/');
-    let target = args.target.as_deref().ok_or_else(|| {
-        anyhow!("--proxy-admin needs --target HOST:PORT (the proxy's TLS listener)")
-    })?;
-    if admin.starts_with("http://") && !args.proxy_admin_plaintext && !is_loopback_url(admin) {
-        bail!(
-            "--proxy-admin {admin}: plain HTTP to another host would send the bearer token in clear; serve the proxy's admin port over TLS (admin.tls_cert, admin.tls_key) and use https://, or pass --proxy-admin-plaintext"
-        );
-    }
-    let token = match &args.proxy_admin_token_file {
-        Some(p) => std::fs::read_to_string(p)
-            .with_context(|| format!("--proxy-admin-token-file {}", p.display()))?
-            .trim()
-            .to_owned(),
-        None => bail!("--proxy-admin needs --proxy-admin-token-file"),
+    let Mode::Remote {
+        admin,
+        token,
+        target,
+        ca,
+        ..
+    } = mode
+    else {
+        bail!("a remote cell needs remote mode");
     };
     let body = serde_json::json!({
         "provider": cell.provider,
@@ -834,22 +703,6 @@ async fn run_remote_cell(
     measure(run, stop).await
 }
 
-/// Whether `url`'s host is this machine (localhost or a loopback address).
-fn is_loopback_url(url: &str) -> bool {
-    let Ok(uri) = url.parse::<http::Uri>() else {
-        return false;
-    };
-    match uri.host() {
-        Some("localhost") => true,
-        Some(h) => h
-            .trim_start_matches('[')
-            .trim_end_matches(']')
-            .parse::<std::net::IpAddr>()
-            .is_ok_and(|ip| ip.is_loopback()),
-        None => false,
-    }
-}
-
 async fn wait_ready(url: &str) -> Result<()> {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
@@ -868,6 +721,7 @@ async fn wait_ready(url: &str) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use clap::Parser;
 
     #[derive(Parser)]
     struct Wrapper {
@@ -921,111 +775,6 @@ mod tests {
         );
         assert_eq!(explicit.concurrency, Some(64));
         let _ = std::fs::remove_dir_all(&dir);
-    }
-
-    /// The flags after `--` are parsed once into typed settings, compare's own settings
-    /// win over nothing (they cannot be given twice), and each cell only adds its own.
-    #[test]
-    fn every_cell_gets_one_typed_plan_and_its_own_settings() {
-        let args = compare_args(&[
-            "--concurrency",
-            "6",
-            "--resumption",
-            "on",
-            "--tls-version",
-            "1.2",
-            "--duration",
-            "2s",
-            "--",
-            "--dim",
-            "64",
-            "--points-per-request",
-            "10",
-        ]);
-        let base = base_run_args(&args).unwrap();
-        assert_eq!(base.dim, 64);
-        assert_eq!(base.points_per_request, 10);
-        assert_eq!(base.concurrency, 6);
-        assert_eq!(base.resumption, OnOff::On);
-        assert_eq!(base.tls_version, Some(TlsVersion::Tls12));
-        assert_eq!(
-            base.duration.map(Duration::from),
-            Some(Duration::from_secs(2))
-        );
-        assert_eq!(
-            base.warmup,
-            Duration::from_secs(1).into(),
-            "the quick profile's"
-        );
-        assert_eq!(base.collection, "compare");
-        assert!(base.recreate && base.quiet);
-        let cell = Cell {
-            provider: CellProvider::Proxy(ProviderName::Ring),
-            algorithm: "rsa2048".into(),
-            repeat: 2,
-        };
-        let run = cell_run_args(
-            &base,
-            &cell,
-            "localhost:4433",
-            Path::new("ca.crt"),
-            Path::new("out.json"),
-        );
-        assert_eq!(run.target, "localhost:4433");
-        assert_eq!(
-            run.cell_provider,
-            Some(CellProvider::Proxy(ProviderName::Ring))
-        );
-        assert_eq!(run.cell_algorithm.as_deref(), Some("rsa2048"));
-        assert_eq!(run.cell_repeat, 2);
-        assert_eq!(run.ca.as_deref(), Some(Path::new("ca.crt")));
-        assert_eq!(run.dim, 64, "the flags after -- carry over");
-    }
-
-    /// `--kx` is a list of groups, typed once: every cell's client offers them in order,
-    /// and results record them as the command line wrote them.
-    #[test]
-    fn key_exchange_groups_are_a_typed_list_recorded_as_written() {
-        let args = compare_args(&["--kx", "x25519,secp256r1"]);
-        assert_eq!(args.kx, [KxGroupName::X25519, KxGroupName::Secp256r1]);
-        let base = base_run_args(&args).unwrap();
-        assert_eq!(base.kx, args.kx);
-        let recorded = crate::result::RunConfig::of(&base).unwrap();
-        assert_eq!(recorded.kx, "x25519,secp256r1");
-        assert!(
-            Wrapper::try_parse_from(["compare", "--kx", "x25519,bogus"]).is_err(),
-            "an unknown group is refused by the command line"
-        );
-    }
-
-    #[test]
-    fn flags_after_the_separator_that_compare_sets_are_refused_not_overridden() {
-        for flag in [
-            "--concurrency=8",
-            "--resumption=on",
-            "--out=x.json",
-            "--target=h:1",
-        ] {
-            let err = base_run_args(&compare_args(&["--", flag])).unwrap_err();
-            let text = format!("{err:#}");
-            assert!(
-                text.contains(flag.split('=').next().unwrap())
-                    || text.contains("cannot be used multiple times"),
-                "{flag}: {text}"
-            );
-        }
-        // And a bad value fails before any cell starts.
-        let err = base_run_args(&compare_args(&["--", "--rate", "0"])).unwrap_err();
-        assert!(format!("{err:#}").contains("--rate"), "{err:#}");
-    }
-
-    #[test]
-    fn only_this_machine_counts_as_loopback() {
-        assert!(is_loopback_url("http://127.0.0.1:9900"));
-        assert!(is_loopback_url("http://localhost:9900/"));
-        assert!(is_loopback_url("http://[::1]:9900"));
-        assert!(!is_loopback_url("http://10.0.0.5:9900"));
-        assert!(!is_loopback_url("http://proxy-host:9900"));
     }
 
     #[test]

@@ -4,7 +4,6 @@
 //! fixed interval, and read out when it ends.
 
 pub mod cpu;
-pub mod estimate;
 pub mod prometheus;
 pub mod proxy_metrics;
 pub mod rapl;
@@ -220,15 +219,20 @@ impl Running {
         let own_after =
             cpu::process_cpu_seconds(root, std::process::id()).unwrap_or(self.own_before);
         let per_request = |secs: f64| (requests > 0).then(|| secs / requests as f64);
-        let loadgen = ProcessCpu {
-            name: "loadgen".to_owned(),
-            pids: vec![std::process::id()],
-            cpu_seconds: own_after - self.own_before,
-            cpu_seconds_per_request: per_request(own_after - self.own_before),
-            percent_of_core: 100.0 * (own_after - self.own_before) / elapsed,
-            cpus_allowed: cpu::cpus_allowed(root, std::process::id()),
-            cpu_quota: quota_of(root, std::process::id()),
+        let process = |name: &str, pids: Vec<u32>, secs: f64| ProcessCpu {
+            name: name.to_owned(),
+            cpu_seconds: secs,
+            cpu_seconds_per_request: per_request(secs),
+            percent_of_core: 100.0 * secs / elapsed,
+            cpus_allowed: pids.first().and_then(|&p| cpu::cpus_allowed(root, p)),
+            cpu_quota: pids.first().and_then(|&p| quota_of(root, p)),
+            pids,
         };
+        let loadgen = process(
+            "loadgen",
+            vec![std::process::id()],
+            own_after - self.own_before,
+        );
         let mut warnings = Vec::new();
         let mut watched = Vec::new();
         for (w, before) in self.config.watched.iter().zip(&self.watched_before) {
@@ -243,15 +247,7 @@ impl Running {
                     )),
                 }
             }
-            watched.push(ProcessCpu {
-                name: w.name.clone(),
-                pids: w.pids.clone(),
-                cpu_seconds: secs,
-                cpu_seconds_per_request: per_request(secs),
-                percent_of_core: 100.0 * secs / elapsed,
-                cpus_allowed: w.pids.first().and_then(|&p| cpu::cpus_allowed(root, p)),
-                cpu_quota: w.pids.first().and_then(|&p| quota_of(root, p)),
-            });
+            watched.push(process(&w.name, w.pids.clone(), secs));
         }
         let system = match (&self.system_before, &system_after) {
             (Ok(b), Ok(a)) => cpu::utilisation(*b, *a)

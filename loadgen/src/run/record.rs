@@ -158,21 +158,21 @@ pub(super) fn read_out(
     Ok(result)
 }
 
-/// This host's power estimated from its measured utilisation ([`probe::estimate`]), where
+/// This host's power estimated from its measured utilisation ([`crate::power_estimate`]), where
 /// the proxy ran on it: with the utilisation of another host (remote mode) but not its
 /// vCPUs, no estimate is made.
 fn estimate_power(
     cpu: &CpuRecord,
     cores: usize,
     secs: f64,
-) -> Measured<probe::estimate::PowerEstimate> {
+) -> Measured<crate::power_estimate::PowerEstimate> {
     if cpu.target_host_utilisation_percent.value.is_some() {
         return Measured::missing(
             "the proxy ran on another host: its vCPUs are not known here, so no estimate",
         );
     }
     match cpu.system_utilisation_percent.value {
-        Some(u) => Measured::ok(probe::estimate::CCF_AWS_AVERAGE.estimate(cores, u, secs)),
+        Some(u) => Measured::ok(crate::power_estimate::CCF_AWS_AVERAGE.estimate(cores, u, secs)),
         None => Measured::missing(
             cpu.system_utilisation_percent
                 .reason

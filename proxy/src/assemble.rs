@@ -114,7 +114,7 @@ pub(crate) fn start_listener(
     for key in lp.tls.keys() {
         warn_if_key_readable_by_others(name, key);
     }
-    let socket = bind(lp.listen, &plan.limits).map_err(|source| StartupError::Bind {
+    let socket = bind(name, lp.listen, &plan.limits).map_err(|source| StartupError::Bind {
         what: format!("listener {name:?} (listener[{}])", lp.index),
         addr: lp.listen,
         source,

@@ -39,6 +39,10 @@ pub struct Ready {
     pub admin: Option<SocketAddr>,
     /// Every listener's bound address, by name (in name order).
     pub listeners: BTreeMap<String, SocketAddr>,
+    /// The last in-place upgrade this process tried that failed, and why: it keeps serving.
+    /// (A successful one shows as another pid: the new process rewrites the file.)
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upgrade_failed: Option<String>,
 }
 
 impl Ready {
@@ -483,6 +487,7 @@ mod tests {
             pid: 7,
             admin: Some("127.0.0.1:9901".parse().unwrap()),
             listeners: [("grpc".to_owned(), "127.0.0.1:6334".parse().unwrap())].into(),
+            upgrade_failed: None,
         };
         ready.write(&path).unwrap();
         let text = std::fs::read_to_string(&path).unwrap();

@@ -8,7 +8,8 @@
 //! Module map, in the order a connection meets them:
 //! - [`cli`] the command line; [`config`] the file format; [`plan`] the configuration
 //!   checked and decided, per listener;
-//! - [`server`] start-up and shutdown; [`assemble`] a listener's serving state built from
+//! - [`server`] start-up and shutdown; [`upgrade`] the in-place upgrade on SIGUSR2 and the
+//!   listening sockets handed over to a new process; [`assemble`] a listener's serving state built from
 //!   its plan (start-up and reloads); [`reload`] SIGHUP and replaced files applied to the
 //!   running proxy; [`switch`] the run-time TLS switch;
 //! - [`listener`] the accept loop and each connection's path; [`proxy_protocol`] the PROXY
@@ -28,8 +29,9 @@
 
 // Unsafe code is confined to the OpenSSL calls that rustls-openssl and the openssl crate
 // do not expose, all in `crypto::qat`: `ffi` (the provider and ASYNC job bindings) and
-// `signer` (the asynchronous signing thread that drives them), and to glibc's `mallopt`
-// in `allocator`; each allows it for itself and says why at the block.
+// `signer` (the asynchronous signing thread that drives them), to glibc's `mallopt`
+// in `allocator`, and to the descriptors an in-place upgrade hands over in `upgrade`; each
+// allows it for itself and says why at the block.
 #![deny(unsafe_code)]
 #![deny(missing_docs)]
 
@@ -57,6 +59,7 @@ pub mod switch;
 pub mod tcp;
 pub mod tls;
 pub mod trust;
+pub mod upgrade;
 pub mod upstream;
 
 /// "outer: inner: innermost": an error with its sources, each said once, for messages that

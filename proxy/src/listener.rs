@@ -61,8 +61,23 @@ pub(crate) enum Mode {
     Tcp,
 }
 
-/// A listening socket with the options every accepted connection inherits.
-pub(crate) fn bind(addr: SocketAddr, limits: &Limits) -> std::io::Result<TcpListener> {
+/// Listener `name`'s listening socket, with the options every accepted connection
+/// inherits: the one an upgrade handed over for it where there is one (so no connection is
+/// refused while processes change), else bound afresh. Recorded for a later handover.
+pub(crate) fn bind(name: &str, addr: SocketAddr, limits: &Limits) -> std::io::Result<TcpListener> {
+    let listener = match crate::upgrade::take_inherited(name, addr) {
+        Some(inherited) => {
+            set_connection_options(&inherited, limits)?;
+            inherited.set_nonblocking(true)?;
+            TcpListener::from_std(inherited)?
+        }
+        None => bind_afresh(addr, limits)?,
+    };
+    crate::upgrade::record(name, &listener);
+    Ok(listener)
+}
+
+fn bind_afresh(addr: SocketAddr, limits: &Limits) -> std::io::Result<TcpListener> {
     let socket = if addr.is_ipv4() {
         TcpSocket::new_v4()?
     } else {
@@ -430,7 +445,7 @@ mod tests {
             tcp_keepalive: std::time::Duration::from_secs(45),
             ..Limits::default()
         };
-        let listener = bind("127.0.0.1:0".parse().unwrap(), &limits).unwrap();
+        let listener = bind("test", "127.0.0.1:0".parse().unwrap(), &limits).unwrap();
         let addr = listener.local_addr().unwrap();
         let _client = TcpStream::connect(addr).await.unwrap();
         let (accepted, _) = listener.accept().await.unwrap();

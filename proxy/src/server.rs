@@ -98,6 +98,9 @@ impl Proxy {
             );
         }
         let (admin, admin_token, admin_guards) = bind_admin(plan)?;
+        // A handed-over socket no listener of this configuration claimed would queue
+        // connections nobody accepts.
+        crate::upgrade::drop_unclaimed();
         let switch = Arc::new(TlsSwitch::new(
             listeners
                 .iter()
@@ -130,6 +133,11 @@ impl Proxy {
         self.source = Some(source);
         self.config_file = config_file;
         self
+    }
+
+    /// The metrics registry (the upgrade's outcome is counted there).
+    pub fn metrics(&self) -> Metrics {
+        self.shared.metrics.clone()
     }
 
     /// The bound addresses: `(listener name, address)`, then the admin address.
@@ -246,10 +254,12 @@ impl Proxy {
 /// the listeners use).
 fn bind_admin(plan: &Plan) -> Result<(TcpListener, Option<AdminToken>, AdminGuards), StartupError> {
     let a = &plan.admin;
-    let admin = bind(a.listen, &plan.limits).map_err(|source| StartupError::Bind {
-        what: "admin listener".to_owned(),
-        addr: a.listen,
-        source,
+    let admin = bind(crate::upgrade::ADMIN, a.listen, &plan.limits).map_err(|source| {
+        StartupError::Bind {
+            what: "admin listener".to_owned(),
+            addr: a.listen,
+            source,
+        }
     })?;
     let token = match &a.token_file {
         Some(path) => Some(AdminToken::new(&read_token(path)?)),
@@ -328,6 +338,7 @@ pub fn write_ready_file(
         pid: std::process::id(),
         admin,
         listeners: listeners.iter().cloned().collect(),
+        upgrade_failed: None,
     }
     .write(path)
 }

@@ -59,9 +59,14 @@ impl ProxyProcess {
     /// Starts `proxy run ARGS --admin 127.0.0.1:0 --ready-file ...` through the proxy's
     /// launcher and waits for it.
     pub fn start_raw(args: &[String]) -> Self {
+        Self::start_binary(&binary("proxy"), args)
+    }
+
+    /// [`Self::start_raw`] with the proxy binary at `bin` (a copy an upgrade test replaces).
+    pub fn start_binary(bin: &Path, args: &[String]) -> Self {
         let dir = temp_dir("proxy");
         let log = dir.join("proxy.log");
-        let mut cmd = Command::new(binary("proxy"));
+        let mut cmd = Command::new(bin);
         cmd.arg("run").args(args).env("RUST_LOG", "info");
         if !args.iter().any(|a| a == "--admin") {
             cmd.args(["--admin", "127.0.0.1:0"]);
@@ -114,6 +119,18 @@ impl ProxyProcess {
         metric_sum(&self.metrics(), name, labels)
     }
 
+    /// Its ready file (an upgraded process rewrites it with its own pid).
+    pub fn ready_file(&self) -> &Path {
+        &self.process.ready_path
+    }
+
+    /// The pid serving now, as the ready file names it: another one after an upgrade.
+    pub fn serving_pid(&self) -> u32 {
+        let text = std::fs::read_to_string(self.ready_file()).expect("the ready file");
+        let ready: proxy::launch::Ready = serde_json::from_str(&text).expect("a ready file");
+        ready.pid
+    }
+
     /// Sends SIGTERM.
     pub fn terminate(&self) {
         self.signal(nix::sys::signal::Signal::SIGTERM);
@@ -145,6 +162,15 @@ impl ProxyProcess {
 
 impl Drop for ProxyProcess {
     fn drop(&mut self) {
+        // A process an upgrade started is no child of the test: it goes by its pid.
+        if let Ok(text) = std::fs::read_to_string(self.ready_file()) {
+            if let Ok(ready) = serde_json::from_str::<proxy::launch::Ready>(&text) {
+                if ready.pid != self.process.pid() {
+                    let pid = nix::unistd::Pid::from_raw(ready.pid as i32);
+                    let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
+                }
+            }
+        }
         // The launcher kills a proxy that still runs when it is dropped; this one is dropped
         // first so that its directory goes after it.
         let _ = self.process.child.kill();

@@ -15,8 +15,8 @@
 //! - upstreams: `upstreams` (nodes, balancing, health checks), `upstream_tls`,
 //!   `upstream_keepalive`, `faults` (upstreams that fail), `grpc` (trailers, streaming,
 //!   gRPC statuses), `gather` (request chunks gathered on their way up);
-//! - operation: `lifecycle` (start-up, shutdown, drain), `reload` (SIGHUP, certificate
-//!   watch), `switch` (the run-time provider switch), `admin`, `metrics` (with a real
+//! - operation: `lifecycle` (start-up, shutdown, drain), `upgrade` (the in-place upgrade
+//!   on SIGUSR2 under load), `reload` (SIGHUP, certificate watch), `switch` (the run-time provider switch), `admin`, `metrics` (with a real
 //!   Prometheus), `logs` (access log, rate-limited error log), `soak` (`--ignored`).
 //!
 //! Shared here: `h2_raw` (HTTP/2 frames by hand) and `counting_upstream`; everything the
@@ -47,6 +47,7 @@ mod sni;
 mod soak;
 mod switch;
 mod tls;
+mod upgrade;
 mod upstream_keepalive;
 mod upstream_tls;
 mod upstreams;

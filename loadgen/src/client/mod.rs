@@ -136,6 +136,11 @@ pub enum FailureKind {
     GrpcStatus(u32),
     /// The connection broke mid-request, or the answer was not HTTP.
     Protocol,
+    /// The connection was closing (the server's GOAWAY, or its close after a response)
+    /// before the request was written: the server never saw it, so the driver sends it once
+    /// more on a new connection, as gRPC's transparent retry and hyper's pooled client do.
+    /// Counted only when that one fails too.
+    Unsent,
 }
 
 impl fmt::Display for FailureKind {
@@ -147,6 +152,7 @@ impl fmt::Display for FailureKind {
             Self::HttpStatus(s) => write!(f, "http_{s}"),
             Self::GrpcStatus(c) => write!(f, "grpc_{c}"),
             Self::Protocol => f.write_str("protocol"),
+            Self::Unsent => f.write_str("unsent"),
         }
     }
 }
@@ -468,14 +474,22 @@ impl Conn {
                 Failure::new(FailureKind::Protocol, e)
             }
         };
+        // Before the request is written: a closed or closing connection never saw it.
+        let unsent = |e: hyper::Error| {
+            if e.is_canceled() || e.is_closed() {
+                Failure::new(FailureKind::Unsent, e)
+            } else {
+                proto_err(e)
+            }
+        };
         let resp = match self {
             Conn::H1 { sender, .. } => {
-                sender.ready().await.map_err(proto_err)?;
-                sender.send_request(req).await.map_err(proto_err)?
+                sender.ready().await.map_err(unsent)?;
+                sender.send_request(req).await.map_err(unsent)?
             }
             Conn::H2 { sender, .. } => {
-                sender.ready().await.map_err(proto_err)?;
-                sender.send_request(req).await.map_err(proto_err)?
+                sender.ready().await.map_err(unsent)?;
+                sender.send_request(req).await.map_err(unsent)?
             }
         };
         let (parts, body) = resp.into_parts();

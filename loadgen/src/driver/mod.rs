@@ -306,11 +306,12 @@ fn next_request(shared: &Shared) -> Option<(u64, Instant)> {
 async fn shared_stream(
     shared: &Shared,
     id: usize,
+    fresh: bool,
 ) -> Result<(Conn, Option<(Duration, bool)>), crate::client::Failure> {
     let slot = &shared.h2_slots[id % shared.h2_slots.len()];
     let mut guard = slot.lock().await;
     let mut handshake = None;
-    if guard.as_ref().is_none_or(Conn::is_closed) {
+    if fresh || guard.as_ref().is_none_or(Conn::is_closed) {
         let opened = shared.connector.open().await?;
         handshake = Some((opened.handshake, opened.resumed));
         *guard = Some(opened.conn);
@@ -362,23 +363,33 @@ async fn worker(
         if fresh_needed {
             conn = None;
         }
-        let request = shared.workload.request(seq);
         let body_len = shared.workload.body_len(seq) as u64;
         let attempt = async {
-            if !shared.h2_slots.is_empty() {
-                let (mut stream, handshake) = shared_stream(&shared, id).await?;
-                return stream.send(request, answer).await.map(|()| handshake);
+            // A request the server never saw (its connection was closing) goes once more,
+            // on a new connection.
+            let mut resend = false;
+            loop {
+                let request = shared.workload.request(seq);
+                let sent = if !shared.h2_slots.is_empty() {
+                    let (mut stream, handshake) = shared_stream(&shared, id, resend).await?;
+                    stream.send(request, answer).await.map(|()| handshake)
+                } else {
+                    let mut handshake_taken = None;
+                    if conn.is_none() || resend {
+                        let opened = shared.connector.open().await?;
+                        handshake_taken = Some((opened.handshake, opened.resumed));
+                        conn = Some(opened.conn);
+                        used_on_conn = 0;
+                    }
+                    used_on_conn += 1;
+                    let c = conn.as_mut().expect("a connection was just ensured");
+                    c.send(request, answer).await.map(|()| handshake_taken)
+                };
+                match sent {
+                    Err(f) if f.kind == FailureKind::Unsent && !resend => resend = true,
+                    other => return other,
+                }
             }
-            let mut handshake_taken = None;
-            if conn.is_none() {
-                let opened = shared.connector.open().await?;
-                handshake_taken = Some((opened.handshake, opened.resumed));
-                conn = Some(opened.conn);
-                used_on_conn = 0;
-            }
-            used_on_conn += 1;
-            let c = conn.as_mut().expect("a connection was just ensured");
-            c.send(request, answer).await.map(|()| handshake_taken)
         };
         let result = tokio::time::timeout(shared.config.request_timeout, attempt).await;
         let done = Instant::now();

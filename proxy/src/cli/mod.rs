@@ -36,6 +36,22 @@ enum Command {
     GenCerts(GenCertsArgs),
     /// Print the resolved configuration, or every error in it.
     CheckConfig(CheckConfigArgs),
+    /// Upgrade a running proxy in place: SIGUSR2 to the pid in its ready file, then wait
+    /// until the new process serves (exit 0) or the running one reports that the new one
+    /// could not take over and keeps serving (exit 1).
+    Upgrade(UpgradeArgs),
+}
+
+/// `proxy upgrade`.
+#[derive(Debug, Args)]
+pub struct UpgradeArgs {
+    /// The ready file of the running proxy (`proxy run --ready-file`; the package's unit
+    /// writes /run/vector-tls-proxy/ready.json).
+    #[arg(long, value_name = "FILE")]
+    ready_file: PathBuf,
+    /// How long to wait for the outcome.
+    #[arg(long, value_name = "DURATION", default_value = "90s", value_parser = humantime::parse_duration)]
+    timeout: Duration,
 }
 
 /// `proxy run`: flags override the config file; with no file the flags alone are enough.
@@ -213,7 +229,58 @@ pub fn main() -> ExitCode {
         Command::Run(args) => run(*args),
         Command::GenCerts(args) => gen_certs(args),
         Command::CheckConfig(args) => check_config(args),
+        Command::Upgrade(args) => upgrade(&args),
     }
+}
+
+/// `proxy upgrade`: the signal, then the ready file watched for the outcome.
+fn upgrade(args: &UpgradeArgs) -> ExitCode {
+    let read = || -> Result<crate::launch::Ready, String> {
+        let text = std::fs::read_to_string(&args.ready_file)
+            .map_err(|e| format!("{}: {e}", args.ready_file.display()))?;
+        serde_json::from_str(&text).map_err(|e| format!("{}: {e}", args.ready_file.display()))
+    };
+    let before = match read() {
+        Ok(r) => r,
+        Err(e) => return fail(2, &e),
+    };
+    let pid = nix::unistd::Pid::from_raw(before.pid as i32);
+    if let Err(e) = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGUSR2) {
+        return fail(1, &format!("SIGUSR2 to pid {}: {e}", before.pid));
+    }
+    let deadline = std::time::Instant::now() + args.timeout;
+    while std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(100));
+        match read() {
+            Ok(now) if now.pid != before.pid => {
+                println!("upgraded: pid {} -> {}", before.pid, now.pid);
+                return ExitCode::SUCCESS;
+            }
+            Ok(now)
+                if now.upgrade_failed.is_some() && now.upgrade_failed != before.upgrade_failed =>
+            {
+                return fail(
+                    1,
+                    &format!(
+                        "the upgrade failed and pid {} keeps serving: {}",
+                        before.pid,
+                        now.upgrade_failed.unwrap_or_default()
+                    ),
+                );
+            }
+            // Mid-rename, or not yet changed.
+            _ => {}
+        }
+    }
+    fail(
+        1,
+        &format!(
+            "no outcome within {:?}: pid {} still names itself in {}",
+            args.timeout,
+            before.pid,
+            args.ready_file.display()
+        ),
+    )
 }
 
 fn fail(code: u8, msg: &dyn std::fmt::Display) -> ExitCode {
@@ -403,6 +470,8 @@ fn raise_open_file_limit(max_connections: usize) {
 }
 
 fn run(args: RunArgs) -> ExitCode {
+    // First, while this is the only thread: the sockets an upgrade (or systemd) handed over.
+    let adopted = crate::upgrade::adopt_from_environment();
     let config = match resolve(args.config.as_ref(), &args.overrides) {
         Ok(c) => c,
         Err(e) => return fail(2, &e),
@@ -412,6 +481,18 @@ fn run(args: RunArgs) -> ExitCode {
         Err(e) => return fail(2, &e),
     };
     init_logging(&config.log_level, config.log_format);
+    match &adopted {
+        Ok(a) if a.upgrade => tracing::info!(
+            sockets = a.sockets,
+            "started by an in-place upgrade: taking over the listening sockets"
+        ),
+        Ok(a) if a.sockets > 0 => tracing::info!(
+            sockets = a.sockets,
+            "listening sockets handed over by systemd"
+        ),
+        Ok(_) => {}
+        Err(e) => return fail(1, e),
+    }
     if !crate::allocator::keep_connection_buffers() {
         tracing::debug!("allocator thresholds left as they are (set by MALLOC_* or not glibc)");
     }
@@ -450,6 +531,7 @@ fn run(args: RunArgs) -> ExitCode {
             pid = std::process::id(),
             "proxy serving"
         );
+        crate::upgrade::announce_ready();
         let shutdown = CancellationToken::new();
         let signal_token = shutdown.clone();
         tokio::spawn(async move {
@@ -457,6 +539,27 @@ fn run(args: RunArgs) -> ExitCode {
             tracing::info!(signal = name, "shutting down");
             signal_token.cancel();
         });
+        // A failed upgrade is written into the ready file, where `proxy upgrade` reads it.
+        let ready_file = args.ready_file.clone();
+        tokio::spawn(crate::upgrade::on_sigusr2(
+            shutdown.clone(),
+            proxy.metrics(),
+            move |outcome| {
+                if let (crate::upgrade::Outcome::Failed(reason), Some(path)) = (outcome, &ready_file) {
+                    let note = |mut ready: crate::launch::Ready| {
+                        ready.upgrade_failed = Some(reason.clone());
+                        ready.write(path)
+                    };
+                    let noted = std::fs::read_to_string(path)
+                        .ok()
+                        .and_then(|t| serde_json::from_str(&t).ok())
+                        .map(note);
+                    if !matches!(noted, Some(Ok(()))) {
+                        tracing::warn!(path = %path.display(), "cannot note the failed upgrade in the ready file");
+                    }
+                }
+            },
+        ));
         proxy.serve(shutdown).await;
         ExitCode::SUCCESS
     })

@@ -208,6 +208,7 @@ pub struct Metrics {
     certificate_expiry: IntGaugeVec,
     tls_reloads: IntCounterVec,
     config_reloads: IntCounterVec,
+    upgrades: IntCounterVec,
     connection_closes: IntCounterVec,
     upstream_rejected: IntCounterVec,
     upstream_in_flight: IntGaugeVec,
@@ -353,6 +354,11 @@ impl Metrics {
             "Configuration reloads (SIGHUP, or the configuration file replaced), by outcome (ok; error: the file did not check or a new listener could not start, and the configuration in effect stays).",
             &["outcome"],
         );
+        let upgrades = r.counter_vec(
+            "proxy_upgrades_total",
+            "In-place upgrades this process started on SIGUSR2, by outcome (ok: the new process serves and this one drains; failed: the new process could not start or was not ready, and this one keeps serving).",
+            &["outcome"],
+        );
         let connection_closes = r.counter_vec(
             "proxy_connection_closes_total",
             "Client connections the proxy closed on a deadline or a limit, by reason (no_first_request, idle, stalled, max_age; reset_flood: rapid reset, more than half of its streams reset by the client within 1 s of opening them; drain_deadline: still open after the drain timeout, closed hard).",
@@ -428,6 +434,7 @@ impl Metrics {
             certificate_expiry,
             tls_reloads,
             config_reloads,
+            upgrades,
             connection_closes,
             upstream_rejected,
             upstream_in_flight,
@@ -586,6 +593,13 @@ impl Metrics {
     pub fn config_reloaded(&self, ok: bool) {
         self.config_reloads
             .with_label_values(&[if ok { "ok" } else { "error" }])
+            .inc();
+    }
+
+    /// An in-place upgrade's outcome.
+    pub fn upgraded(&self, ok: bool) {
+        self.upgrades
+            .with_label_values(&[if ok { "ok" } else { "failed" }])
             .inc();
     }
 

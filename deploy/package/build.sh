@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # Builds what an operator installs, with one command:
-#   - vector-tls-proxy_VERSION-1_amd64.deb (cargo-deb: the proxy, its systemd unit, a
+#   - vector-tls-proxy_VERSION-REVISION_amd64.deb (cargo-deb: the proxy, its systemd unit, a
 #     sysusers.d entry, config/proxy.toml as a conffile, Qdrant's unit as an example);
 #   - the images vector-tls-proxy:VERSION (the proxy alone) and vector-tls-proxy-tools:VERSION
 #     (loadgen, embedded-qdrant), saved as .tar.gz for `docker load` (with --images);
 #   - a CycloneDX SBOM (JSON) of what each artifact links (cargo-cyclonedx, from Cargo.lock);
 #   - SHA256SUMS over all of them (`sha256sum -c SHA256SUMS` checks a download).
 #
-#   deploy/package/build.sh [--out DIR] [--images] [--profile release|dev] [--no-build]
+#   deploy/package/build.sh [--out DIR] [--images] [--profile release|dev] [--no-build] [--revision N]
 #
 # DIR defaults to dist/ under cargo's target folder ($CARGO_TARGET_DIR, else target/). cargo-deb and cargo-cyclonedx are built from
 # crates.io into ~/.cache/vector-tls-proxy/tools on first use. --profile dev (with
@@ -26,13 +26,16 @@ out="$CARGO_TARGET_DIR/dist"
 profile=release
 images=0
 build=1
+revision=1
 while [ $# -gt 0 ]; do
   case "$1" in
     --out) out="$2"; shift 2 ;;
     --images) images=1; shift ;;
     --profile) profile="$2"; shift 2 ;;
     --no-build) build=0; shift ;;
-    *) echo "usage: $0 [--out DIR] [--images] [--profile release|dev] [--no-build]" >&2; exit 2 ;;
+    # The Debian revision (VERSION-N): a rebuild of the same version that upgrades the last.
+    --revision) revision="$2"; shift 2 ;;
+    *) echo "usage: $0 [--out DIR] [--images] [--profile release|dev] [--no-build] [--revision N]" >&2; exit 2 ;;
   esac
 done
 bin_dir="$CARGO_TARGET_DIR/release"
@@ -58,7 +61,7 @@ if [ "$build" = 1 ]; then
   cargo build --locked --profile "$profile" -p proxy >&2
 fi
 # cargo-deb warns that a dev profile is for tests only, which is what it is used for here.
-"$cargo_deb" --no-build --profile "$profile" -p proxy -o "$out/" 2> >(grep -v 'dev profile\|debug symbols set\|^ *To enable' >&2) >/dev/null
+"$cargo_deb" --no-build --profile "$profile" --deb-revision "$revision" -p proxy -o "$out/" 2> >(grep -v 'dev profile\|debug symbols set\|^ *To enable' >&2) >/dev/null
 
 # SBOMs: the proxy's (the .deb and the proxy image link exactly the proxy crate's graph),
 # and the tools' (loadgen and embedded-qdrant).
@@ -70,7 +73,7 @@ trap 'rm -rf "$sbom_dir"' EXIT
 for member in */*.cdx.json; do
   mv "$member" "$sbom_dir/"
 done
-cp "$sbom_dir/proxy.cdx.json" "$out/vector-tls-proxy_${version}-1_amd64.deb.cdx.json"
+cp "$sbom_dir/proxy.cdx.json" "$out/vector-tls-proxy_${version}-${revision}_amd64.deb.cdx.json"
 cp "$sbom_dir/proxy.cdx.json" "$out/vector-tls-proxy_${version}.image.cdx.json"
 python3 - "$sbom_dir/loadgen.cdx.json" "$sbom_dir/embedded-qdrant.cdx.json" \
   "$out/vector-tls-proxy-tools_${version}.image.cdx.json" <<'PY'

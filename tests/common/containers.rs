@@ -314,7 +314,10 @@ impl SystemdContainer {
     /// Boots `image` with `mounts` (host path, container path; read-only) and waits until
     /// systemd has started its units.
     pub fn boot(image: &str, mounts: &[(&Path, &str)]) -> Self {
-        let name = format!("vtp-systemd-{}", std::process::id());
+        // Unique per boot: two tests of one binary may each boot one at once.
+        static BOOTS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let boot = BOOTS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let name = format!("vtp-systemd-{}-{boot}", std::process::id());
         let _ = Command::new("docker").args(["rm", "-f", &name]).output();
         let mut cmd = Command::new("docker");
         cmd.args(["run", "-d", "--name", &name, "--stop-signal", "SIGRTMIN+3"])

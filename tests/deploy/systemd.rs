@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use e2e::*;
 
 /// The shell blocks of the README's quick start, in order.
-fn quick_start_blocks() -> Vec<String> {
+pub(crate) fn quick_start_blocks() -> Vec<String> {
     let readme = std::fs::read_to_string(repo_root().join("README.md")).expect("README.md");
     let start = readme.find("## Quick start").expect("a quick start");
     let end = start + readme[start..].find("Check it").expect("its check");

@@ -444,6 +444,13 @@ fn verdicts(r: &Report) -> Vec<(String, Vec<String>)> {
                 .unwrap_or("unknown");
             let proxy_bound = bound.starts_with("proxy") || bound.contains("most: proxy");
             let mut line = format!("highest throughput: {p} ({v:.1} requests/s)");
+            // How far the ranking spans: the leader against the slowest provider.
+            if let Some((q, g, w)) = rest.last().filter(|(_, _, w)| *w > 0.0) {
+                let _ = std::fmt::Write::write_fmt(
+                    &mut line,
+                    format_args!(", {:.2}x the lowest ({q}, {w:.1}; {})", v / w, judge(f, g)),
+                );
+            }
             if !same.is_empty() {
                 let _ = std::fmt::Write::write_fmt(
                     &mut line,

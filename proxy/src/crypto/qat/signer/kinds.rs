@@ -169,21 +169,48 @@ impl OperationKind {
     }
 }
 
+/// How long a part batch has waited: on the wall clock, and in the process's CPU time (what
+/// the handshakes that could fill it had to run on).
+#[derive(Clone, Copy, Debug)]
+pub struct Waited {
+    /// Wall-clock time since its oldest signature arrived.
+    pub wall: Duration,
+    /// The process's CPU time since then, all threads together.
+    pub cpu: Duration,
+}
+
+/// The longest a part batch that can fill waits on the wall clock, however little CPU the
+/// process got meanwhile (or `batch_wait`, where that is longer): two CFS periods as systemd
+/// (`CPUQuotaPeriodSec=`) and Kubernetes set them (100 ms), so that a batch begun at the end
+/// of one quota slice can fill in the next after the process was frozen in between; the
+/// most qat_sw's own poll timer waits too (it steps from 10 ms up to 200 ms).
+pub const THROTTLED_WAIT_LIMIT: Duration = Duration::from_millis(200);
+
 /// Whether a part batch keeps waiting. While the signatures held (`held`) and those still
-/// to come from handshakes under way (`to_come`) make a batch, for at most `batch_wait`;
-/// and in any case for as long as one software signature of its kind takes
-/// (`software_cost`: RSA-4096's 4 ms), since a handshake waiting that long is delayed no
-/// more than signing it in software would delay it, and its thread burns no CPU meanwhile.
+/// to come from handshakes under way (`to_come`) make a batch, for `batch_wait` of progress:
+/// the lesser of wall-clock and process CPU time, so that a proxy under a CPU budget, frozen
+/// by its quota while its handshakes queue, does not count the frozen time as waiting
+/// (the rate-aware gate QAT_Engine's poll timer and Envoy's CryptoMB timer are), though
+/// never past [`THROTTLED_WAIT_LIMIT`] (or `batch_wait`, where that is longer). And in any case for as long as one software
+/// signature of its kind takes on the wall clock (`software_cost`: RSA-4096's 4 ms), since
+/// a handshake waiting that long is delayed no more than signing it in software would
+/// delay it, and its thread burns no CPU meanwhile: at low load, when nothing can fill, that
+/// is all a handshake ever waits.
 pub fn part_batch_waits(
     held: usize,
     to_come: i64,
     batch: usize,
-    waited: Duration,
+    waited: Waited,
     batch_wait: Duration,
     software_cost: Duration,
 ) -> bool {
     let can_fill = held as i64 + to_come.max(0) >= batch as i64;
-    held < batch && ((can_fill && waited < batch_wait.max(software_cost)) || waited < software_cost)
+    let progress = waited.wall.min(waited.cpu);
+    held < batch
+        && ((can_fill
+            && progress < batch_wait.max(software_cost)
+            && waited.wall < batch_wait.max(THROTTLED_WAIT_LIMIT))
+            || waited.wall < software_cost)
 }
 
 /// Whether a part batch of `held` signatures goes to the provider as it is rather than to

@@ -57,7 +57,7 @@ use super::kx;
 use job::{sign_in_software, wait, Answer, Finished, Message, Output, Request, Work};
 pub use kinds::{
     part_batch_pays, part_batch_waits, OperationKind, Padding, ProviderRef, SignError, Signed,
-    SignerStats,
+    SignerStats, Waited, THROTTLED_WAIT_LIMIT,
 };
 use kinds::{KeyStock, KEY_STOCK_BATCHES};
 use thread::SignerThread;
@@ -452,38 +452,70 @@ mod tests {
             Duration::from_millis(9),
         );
         let (cheap, rsa4096) = (Duration::from_micros(250), Duration::from_millis(4));
+        // Unthrottled: the process's CPU time runs as the wall clock does.
+        let both = |d: Duration| Waited { wall: d, cpu: d };
         assert!(
-            part_batch_waits(3, 5, 8, ms1, wait, cheap),
+            part_batch_waits(3, 5, 8, both(ms1), wait, cheap),
             "3 held + 5 to come fill 8"
         );
         assert!(
-            !part_batch_waits(3, 4, 8, ms1, wait, cheap),
+            !part_batch_waits(3, 4, 8, both(ms1), wait, cheap),
             "3 + 4 cannot fill 8, and a software signature would be done by now"
         );
         assert!(
-            part_batch_waits(3, 4, 8, ms0, wait, cheap),
+            part_batch_waits(3, 4, 8, both(ms0), wait, cheap),
             "but it may wait as long as a software signature takes"
         );
         assert!(
-            !part_batch_waits(3, 5, 8, ms9, wait, cheap),
+            !part_batch_waits(3, 5, 8, both(ms9), wait, cheap),
             "past batch_wait"
         );
         assert!(
-            !part_batch_waits(8, 0, 8, ms0, wait, cheap),
+            !part_batch_waits(8, 0, 8, both(ms0), wait, cheap),
             "a full batch does not wait"
         );
         assert!(
-            !part_batch_waits(1, -3, 8, ms1, wait, cheap),
+            !part_batch_waits(1, -3, 8, both(ms1), wait, cheap),
             "a negative count is none"
         );
         assert!(
-            part_batch_waits(1, 0, 8, ms1, wait, rsa4096),
+            part_batch_waits(1, 0, 8, both(ms1), wait, rsa4096),
             "as long as software takes"
         );
-        assert!(!part_batch_waits(1, 0, 8, ms9, wait, rsa4096), "not longer");
         assert!(
-            part_batch_waits(1, 7, 8, Duration::from_millis(3), ms1, rsa4096),
+            !part_batch_waits(1, 0, 8, both(ms9), wait, rsa4096),
+            "not longer"
+        );
+        assert!(
+            part_batch_waits(1, 7, 8, both(Duration::from_millis(3)), ms1, rsa4096),
             "one that can fill waits as long as a software signature, beyond batch_wait"
+        );
+        // Under a CPU quota the process is frozen most of each period: time in which the
+        // handshakes that could fill the batch could not run does not count...
+        let frozen = |wall: u64, cpu: u64| Waited {
+            wall: Duration::from_millis(wall),
+            cpu: Duration::from_millis(cpu),
+        };
+        assert!(
+            part_batch_waits(3, 5, 8, frozen(60, 1), wait, cheap),
+            "60 ms frozen, 1 ms of progress: still waiting"
+        );
+        assert!(
+            !part_batch_waits(3, 5, 8, frozen(60, 6), wait, cheap),
+            "past batch_wait of progress"
+        );
+        // ...but no longer than one CFS period, and never when nothing can fill it.
+        assert!(!part_batch_waits(
+            3,
+            5,
+            8,
+            frozen(THROTTLED_WAIT_LIMIT.as_millis() as u64, 1),
+            wait,
+            cheap
+        ));
+        assert!(
+            !part_batch_waits(3, 4, 8, frozen(60, 0), wait, cheap),
+            "at low load a handshake waits one software signature at most"
         );
     }
 

@@ -18,8 +18,8 @@ use super::job::{
     ASYNC_STATUS_EAGAIN, ASYNC_STATUS_OK,
 };
 use super::kinds::{
-    part_batch_pays, part_batch_waits, KeyStock, OperationKind, ProviderRef, SignerStats,
-    KEY_STOCK_BATCHES,
+    part_batch_pays, part_batch_waits, KeyStock, OperationKind, ProviderRef, SignerStats, Waited,
+    KEY_STOCK_BATCHES, THROTTLED_WAIT_LIMIT,
 };
 
 /// How soon a job the provider turned away (no free request slot) is tried again.
@@ -54,15 +54,39 @@ pub(super) struct PartBatch {
     held: Vec<Box<Request>>,
     /// When the oldest of `held` arrived.
     since: Instant,
+    /// The process's CPU time then.
+    since_cpu: Duration,
     /// One software signature of its kind (see [`part_batch_waits`]).
     software_cost: Duration,
 }
 
 impl PartBatch {
-    /// The latest it waits, whatever else happens.
-    fn deadline(&self, batch_wait: Duration) -> Instant {
-        self.since + batch_wait.max(self.software_cost)
+    /// When to look at it again: at the end of its wall-clock time, and past that (it waits
+    /// on while the process was frozen by its CPU quota) every millisecond, until the limit.
+    fn deadline(&self, batch_wait: Duration, now: Instant) -> Instant {
+        let first = self.since + batch_wait.max(self.software_cost);
+        if now < first {
+            first
+        } else {
+            (now + Duration::from_millis(1)).min(self.since + batch_wait.max(THROTTLED_WAIT_LIMIT))
+        }
     }
+}
+
+/// The process's CPU time, every thread's (CLOCK_PROCESS_CPUTIME_ID): what a part batch's
+/// wait is measured in beside the wall clock.
+pub(super) fn process_cpu_time() -> Duration {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes one timespec we own; CLOCK_PROCESS_CPUTIME_ID exists on
+    // every Linux.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut ts) };
+    if rc != 0 {
+        return Duration::ZERO;
+    }
+    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
 }
 
 pub(super) struct SignerThread {
@@ -171,10 +195,11 @@ impl SignerThread {
             // Sleep until a message, or until the next part batch runs out of time, or (jobs
             // the provider turned away for want of a free request slot) a moment for its
             // poller before they are tried again.
+            let now = Instant::now();
             let deadline = self
                 .forming
                 .iter()
-                .map(|p| p.deadline(self.batch_wait))
+                .map(|p| p.deadline(self.batch_wait, now))
                 .min();
             let timeout = match (deadline, self.retry.is_empty()) {
                 (None, true) => None,
@@ -213,16 +238,21 @@ impl SignerThread {
     /// made in software by the handshakes that asked for them, in parallel.
     fn review_part_batches(&mut self) {
         let now = Instant::now();
+        let cpu = process_cpu_time();
         let to_come = self.stats.to_sign.load(Ordering::Relaxed);
         let batch = self.batch;
         let mut i = 0;
         while i < self.forming.len() {
             let part = &self.forming[i];
+            let waited = Waited {
+                wall: now.duration_since(part.since),
+                cpu: cpu.saturating_sub(part.since_cpu),
+            };
             if part_batch_waits(
                 part.held.len(),
                 to_come,
                 batch,
-                now.duration_since(part.since),
+                waited,
                 self.batch_wait,
                 part.software_cost,
             ) {
@@ -268,6 +298,7 @@ impl SignerThread {
                     kind,
                     held: Vec::with_capacity(self.batch),
                     since: Instant::now(),
+                    since_cpu: process_cpu_time(),
                     software_cost: request.software_cost,
                 });
                 self.forming.len() - 1

@@ -720,63 +720,6 @@ async fn wait_ready(url: &str) -> Result<()> {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
-    use clap::Parser;
-
-    #[derive(Parser)]
-    struct Wrapper {
-        #[command(flatten)]
-        args: CompareArgs,
-    }
-
-    fn compare_args(extra: &[&str]) -> CompareArgs {
-        Wrapper::try_parse_from(["compare"].iter().chain(extra))
-            .unwrap()
-            .args
-    }
-
-    /// An installed QAT provider joins openssl-qat to the default providers at the same
-    /// concurrency and budget as every other provider, and its cells (only those) get the
-    /// provider's directory; explicit flags win.
-    #[test]
-    fn an_installed_qat_provider_joins_the_matrix_at_the_same_concurrency_and_budget() {
-        let dir = std::env::temp_dir().join(format!("qat-modules-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        std::fs::write(dir.join("qatprovider.so"), b"").unwrap();
-        let path = dir.display().to_string();
-        let args = compare_args(&["--qat-module-path", &path]).resolved();
-        assert_eq!(args.providers(), &ProviderName::ALL);
-        assert_eq!(args.concurrency, Some(CONCURRENCY));
-        let without_qat = compare_args(&["--providers", "ring,aws-lc-rs"]).resolved();
-        assert_eq!(without_qat.concurrency, args.concurrency);
-        assert_eq!(without_qat.proxy_cpu_budget, args.proxy_cpu_budget);
-        assert_eq!(
-            args.proxy_cpu_budget,
-            Some(BudgetChoice::Cores(DEFAULT_PROXY_CPU_BUDGET))
-        );
-        assert_eq!(
-            args.proxy_args_for(ProviderName::OpensslQat),
-            vec![format!("--qat-module-path={path}")]
-        );
-        assert!(args.proxy_args_for(ProviderName::Openssl).is_empty());
-
-        let explicit = compare_args(&[
-            "--qat-module-path",
-            &path,
-            "--providers",
-            "openssl,openssl-qat",
-            "--concurrency",
-            "64",
-        ])
-        .resolved();
-        assert_eq!(
-            explicit.providers(),
-            &[ProviderName::Openssl, ProviderName::OpensslQat]
-        );
-        assert_eq!(explicit.concurrency, Some(64));
-        let _ = std::fs::remove_dir_all(&dir);
-    }
-
     #[test]
     fn credentials_among_the_run_flags_are_not_recorded() {
         #[derive(serde::Serialize)]

@@ -290,6 +290,7 @@ pub(super) fn is_loopback_url(url: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::compare::DEFAULT_PROXY_CPU_BUDGET;
     use crate::result::{OnOff, TlsVersion};
     use proxy::crypto::KxGroupName;
     use std::time::Duration;
@@ -304,6 +305,48 @@ mod tests {
         Wrapper::try_parse_from(["compare"].iter().chain(extra))
             .unwrap()
             .args
+    }
+
+    /// An installed QAT provider joins openssl-qat to the default providers at the same
+    /// concurrency and budget as every other provider, and its cells (only those) get the
+    /// provider's directory; explicit flags win.
+    #[test]
+    fn an_installed_qat_provider_joins_the_matrix_at_the_same_concurrency_and_budget() {
+        let dir = std::env::temp_dir().join(format!("qat-modules-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("qatprovider.so"), b"").unwrap();
+        let path = dir.display().to_string();
+        let args = compare_args(&["--qat-module-path", &path]).resolved();
+        assert_eq!(args.providers(), &ProviderName::ALL);
+        assert_eq!(args.concurrency, Some(CONCURRENCY));
+        let without_qat = compare_args(&["--providers", "ring,aws-lc-rs"]).resolved();
+        assert_eq!(without_qat.concurrency, args.concurrency);
+        assert_eq!(without_qat.proxy_cpu_budget, args.proxy_cpu_budget);
+        assert_eq!(
+            args.proxy_cpu_budget,
+            Some(BudgetChoice::Cores(DEFAULT_PROXY_CPU_BUDGET))
+        );
+        assert_eq!(
+            args.proxy_args_for(ProviderName::OpensslQat),
+            vec![format!("--qat-module-path={path}")]
+        );
+        assert!(args.proxy_args_for(ProviderName::Openssl).is_empty());
+
+        let explicit = compare_args(&[
+            "--qat-module-path",
+            &path,
+            "--providers",
+            "openssl,openssl-qat",
+            "--concurrency",
+            "64",
+        ])
+        .resolved();
+        assert_eq!(
+            explicit.providers(),
+            &[ProviderName::Openssl, ProviderName::OpensslQat]
+        );
+        assert_eq!(explicit.concurrency, Some(64));
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     /// Remote mode's flags are checked when the plan is made: each missing one named, a

@@ -209,7 +209,14 @@ fn systemd_keeps_qdrant_on_loopback_behind_a_key() {
     assert!(exec("ExecStartPre").ends_with(&format!("check-config {config_path}")));
     // A reload checks the file before the SIGHUP (the first ExecReload= line).
     assert!(exec("ExecReload").ends_with(&format!("check-config {config_path}")));
-    assert!(exec("ExecStart").ends_with(&format!("run --config {config_path}")));
+    assert!(exec("ExecStart").ends_with(&format!(
+        "run --config {config_path} --ready-file /run/vector-tls-proxy/ready.json"
+    )));
+    // The in-place upgrade: systemd follows the new process's MAINPID=, and the ready file
+    // `proxy upgrade` reads lives in the unit's runtime directory.
+    assert_eq!(exec("Type"), "notify");
+    assert_eq!(exec("NotifyAccess"), "all");
+    assert_eq!(exec("RuntimeDirectory"), "vector-tls-proxy");
     assert!(exec("After").contains("qdrant.service"));
 }
 

@@ -259,13 +259,17 @@ fn the_package_upgrades_a_running_proxy_in_place_under_load() {
         during.len()
     );
     assert!(!quiet.is_empty() && !during.is_empty());
+    restart_under_load(&sd);
+}
 
-    // `systemctl restart` is a stop and a start: measured, not asserted.
+/// `systemctl restart` is a stop and a start: its refused requests under the same load
+/// are measured and printed, not asserted.
+fn restart_under_load(sd: &SystemdContainer) {
     sd.sh("rm -f /root/load/*; for n in 5 6; do setsid bash -c \"source /root/writers.sh; small $n 8\" >/dev/null 2>&1 < /dev/null & done; echo started");
     std::thread::sleep(Duration::from_secs(2));
     sd.sh("systemctl restart vector-tls-proxy");
     std::thread::sleep(Duration::from_secs(8));
-    let restart = logged(&sd);
+    let restart = logged(sd);
     let refused = restart.iter().filter(|r| r.2 != "200").count();
     eprintln!(
         "systemctl restart under the same load: {refused} of {} requests failed (connection refused while the proxy was down)",

@@ -449,3 +449,109 @@ async fn software_openssl_listeners_beside_qat_start_and_serve_rsa() {
         );
     }
 }
+
+/// `CONCURRENT` RSA-4096 requests through `proxy` at once; each must be answered 200.
+async fn concurrent_uploads(proxy: &ProxyProcess) {
+    let body = Bytes::from(vec![0x5a; 64 * 1024]);
+    let mut tasks = Vec::new();
+    for _ in 0..CONCURRENT {
+        let (addr, body) = (proxy.addr, body.clone());
+        tasks.push(tokio::spawn(async move {
+            let cfg = client_config(&ClientOpts::default());
+            request_bounded(addr, cfg, "POST", "/upsert", &[], body).await
+        }));
+    }
+    for t in tasks {
+        assert_eq!(t.await.unwrap().expect("an answer").status, 200);
+    }
+}
+
+/// Clients that give up mid-handshake, while their signatures are in a batch, and an
+/// in-place upgrade and a SIGTERM while signatures are in flight, leave nothing behind:
+/// the in-flight signature gauge back at 0, every request answered, each process exiting
+/// 0 after its drain with the provider unloaded (no crash at teardown, which HAProxy's
+/// QAT_Engine users met as paused jobs leaking).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs an installed QAT_Engine provider: QAT_PROVIDER_DIR (deploy/QAT.md)"]
+async fn abandoned_handshakes_an_upgrade_and_a_shutdown_leave_no_signature_behind() {
+    let Some(modules) = modules("QAT_PROVIDER_DIR") else {
+        return;
+    };
+    let upstream = EchoUpstream::start();
+    let mut proxy = ProxyProcess::start(
+        &upstream.url(),
+        ProviderName::OpensslQat,
+        CertAlgorithmName::Rsa4096,
+        &["--qat-module-path", &modules, "--worker-threads", "2"],
+    );
+    // Half the clients close their connection a few milliseconds into the handshake.
+    let mut quitters = Vec::new();
+    for i in 0..CONCURRENT {
+        let addr = proxy.addr;
+        quitters.push(tokio::spawn(async move {
+            let cfg = client_config(&ClientOpts::default());
+            let give_up = Duration::from_millis(1 + (i % 8) as u64);
+            let _ = tokio::time::timeout(give_up, tls_connect(addr, cfg)).await;
+        }));
+    }
+    concurrent_uploads(&proxy).await;
+    for q in quitters {
+        q.await.unwrap();
+    }
+    proxy.wait_metric("proxy_qat_signatures_in_flight", &[], 0.0);
+
+    // An upgrade while signatures are in flight: every request still answered.
+    let first = proxy.serving_pid();
+    let ready_file = proxy.ready_file().to_path_buf();
+    let upgrade = tokio::task::spawn_blocking(move || {
+        std::thread::sleep(Duration::from_millis(50));
+        Command::new(binary("proxy"))
+            .args(["upgrade", "--ready-file"])
+            .arg(&ready_file)
+            .output()
+            .expect("proxy upgrade")
+    });
+    concurrent_uploads(&proxy).await;
+    let upgraded = upgrade.await.unwrap();
+    assert!(
+        upgraded.status.success(),
+        "{upgraded:?}\n{}",
+        proxy.log_text()
+    );
+    assert_ne!(proxy.serving_pid(), first);
+    let status = proxy.wait_exit(Duration::from_secs(40));
+    assert_eq!(
+        status.code(),
+        Some(0),
+        "the old process: {}",
+        proxy.log_text()
+    );
+    concurrent_uploads(&proxy).await;
+    proxy.wait_metric("proxy_qat_signatures_in_flight", &[], 0.0);
+
+    // A shutdown while signatures are in flight: the new process drains and exits 0.
+    let serving = proxy.serving_pid();
+    let load = concurrent_uploads(&proxy);
+    let term = async {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(serving as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        )
+        .unwrap();
+    };
+    tokio::join!(load, term);
+    eventually("the upgraded process exits after its drain", WAIT, || {
+        let gone = std::fs::read_to_string(format!("/proc/{serving}/stat")).map_or(true, |s| {
+            s.rsplit(')')
+                .next()
+                .is_some_and(|r| r.trim_start().starts_with('Z'))
+        });
+        ready(gone, || format!("pid {serving} still runs"))
+    });
+    let log = proxy.log_text();
+    for bad in ["SIGSEGV", "panicked", "Aborted", "double free"] {
+        assert!(!log.contains(bad), "{bad}: {log}");
+    }
+    assert!(log.contains("drained"), "{log}");
+}

@@ -53,10 +53,34 @@ fn replace_with_script(bin: &Path, script: &str) {
     std::fs::rename(&new, bin).unwrap();
 }
 
+/// tests/interop/upsert_until.py, the official Python qdrant-client upserting over gRPC
+/// with `wait=true` through the proxy for `seconds`, in a thread: its JSON line.
+fn official_client_upserts(port: u16, seconds: u32) -> std::thread::JoinHandle<serde_json::Value> {
+    let python = interop_python("qdrant-client");
+    std::thread::spawn(move || {
+        let out = Command::new(python)
+            .arg(repo_root().join("tests/interop/upsert_until.py"))
+            .args(["--host", "localhost", "--grpc-port", &port.to_string()])
+            .arg("--ca")
+            .arg(&certs().ca_cert)
+            .args(["--seconds", &seconds.to_string()])
+            .output()
+            .expect("the official client");
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{text}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_str(text.lines().last().unwrap_or_default()).expect("its JSON line")
+    })
+}
+
 /// Ingestion through the proxy, the study's way (a new TLS connection per upsert, gRPC,
-/// `wait=true`) and over one long-lived HTTP/2 connection, while the proxy is upgraded
-/// three times with `proxy upgrade`: no request fails, every acknowledged point is stored,
-/// every old process exits after its drain.
+/// `wait=true`), over one long-lived HTTP/2 connection, and by the official Python client
+/// over its gRPC channel, while the proxy is upgraded three times with `proxy upgrade`: no
+/// request fails, every acknowledged point is stored, every old process exits after its
+/// drain.
 #[test]
 fn three_upgrades_under_ingestion_load_refuse_nothing_and_lose_nothing() {
     let eq = EmbeddedQdrant::start(&temp_dir("upgrade-qdrant"));
@@ -81,6 +105,7 @@ fn three_upgrades_under_ingestion_load_refuse_nothing_and_lose_nothing() {
     };
     let new_connections = load("new", "6", "upgrade_new");
     let long_lived = load("reuse", "2", "upgrade_reuse");
+    let official = official_client_upserts(proxy.addr.port(), 14);
 
     std::thread::sleep(Duration::from_secs(2));
     let mut pids = vec![proxy.serving_pid()];
@@ -117,6 +142,11 @@ fn three_upgrades_under_ingestion_load_refuse_nothing_and_lose_nothing() {
         // Every acknowledged point is in the collection (loadgen counts it afterwards).
         assert_eq!(r["verification"]["value"]["matches"], true, "{what}: {r:#}");
     }
+    // The official Python client, over its one gRPC channel: nothing failed, all stored.
+    let official = official.join().unwrap();
+    assert_eq!(official["failed"], 0, "{official}");
+    assert!(official["acked"].as_u64().unwrap() > 0, "{official}");
+    assert_eq!(official["count"], official["acked"], "{official}");
     // The old processes drained and exited; the last one serves.
     let (old, last) = pids.split_at(pids.len() - 1);
     eventually("the old processes exit after their drain", WAIT, || {

@@ -316,6 +316,60 @@ impl Prepared {
     }
 }
 
+/// A budget put on a process that already runs, for a while (`loadgen run
+/// --proxy-cpu-budget` on the watched proxy): a group of its own made and the process moved
+/// in; when dropped, the process goes back to the group it came from and the budget's group
+/// is removed. A running process cannot join a systemd scope, so this needs a writable
+/// cgroup tree.
+pub struct Lent {
+    prepared: Option<Prepared>,
+    pid: u32,
+    home: PathBuf,
+    /// The quota as read back from the process's cgroup files.
+    pub quota: CpuQuota,
+}
+
+impl Lent {
+    /// Gives `pid` `cores` of CPU, read back and checked.
+    pub fn new(cgroups: &Cgroups, pid: u32, cores: f64) -> Result<Self> {
+        let h = cgroups.cpu_hierarchy()?;
+        let home = cgroups.group_of(&h, &pid.to_string())?.join("cgroup.procs");
+        let name = format!("vtp-loadgen-{}-run", std::process::id());
+        let prepared = match make_group(cgroups, cores, &name) {
+            Ok(p) => p,
+            Err(e) => bail!(
+                "cannot give pid {pid} a CPU budget: {e:#} (a running process cannot join a \
+                 systemd scope: run loadgen as root, or give the proxy its budget where it is \
+                 started, e.g. systemd's CPUQuota=)"
+            ),
+        };
+        match prepared.attach(cgroups, pid, cores) {
+            Ok(quota) => Ok(Self {
+                prepared: Some(prepared),
+                pid,
+                home,
+                quota,
+            }),
+            Err(e) => {
+                let _ = std::fs::write(&home, pid.to_string());
+                prepared.remove();
+                Err(e)
+            }
+        }
+    }
+}
+
+impl Drop for Lent {
+    fn drop(&mut self) {
+        if let Err(e) = std::fs::write(&self.home, self.pid.to_string()) {
+            tracing::warn!(pid = self.pid, error = %e, "cannot move the proxy back to its own cgroup");
+        }
+        if let Some(prepared) = self.prepared.take() {
+            prepared.remove();
+        }
+    }
+}
+
 /// A child of loadgen's own group in the cpu hierarchy, with the quota written.
 fn make_group(cgroups: &Cgroups, cores: f64, name: &str) -> Result<Prepared> {
     let h = cgroups.cpu_hierarchy()?;

@@ -547,3 +547,60 @@ fn api_keys_reach_qdrant_through_the_proxy_and_stay_out_of_the_result() {
         key_file.to_str().unwrap()
     );
 }
+
+/// `--proxy-cpu-budget` on a run: the watched proxy gets the quota for the run (recorded as
+/// read back from its cgroup files), and goes back to its own cgroup afterwards. Where this
+/// machine has no writable cgroup cpu controller, the refusal names what is missing.
+#[test]
+fn a_run_lends_the_watched_proxy_a_cpu_budget_and_takes_it_back() {
+    let s = LoadgenStack::start();
+    let proxy_pid = s.grpc.serving_pid();
+    let cgroups = loadgen::budget::Cgroups::default();
+    let before = loadgen::budget::read_quota(&cgroups, proxy_pid)
+        .ok()
+        .flatten();
+    let out = temp_dir("lg-budget").join("r.json");
+    let mut a = base_args(&format!("localhost:{}", s.grpc.addr.port()), "budget");
+    a.extend(args(&[
+        "--protocol",
+        "grpc",
+        "--requests",
+        "6",
+        "--watch-pid",
+        &format!("proxy={proxy_pid}"),
+        "--proxy-cpu-budget",
+        "0.3",
+    ]));
+    let run = run_loadgen(&a, Some(&out));
+    if !run.status.success() {
+        assert!(
+            run.stderr.contains("cannot give pid") && run.stderr.contains("cgroup"),
+            "{}",
+            run.stderr
+        );
+        eprintln!(
+            "SKIPPED the quota itself: no writable cgroup here: {}",
+            run.stderr
+        );
+        return;
+    }
+    let r = run.result.expect("result written");
+    let proxy = &r["cpu"]["watched"][0];
+    assert_eq!(proxy["name"], "proxy", "{r:#}");
+    assert_eq!(proxy["cpu_quota"]["cores"], 0.3, "{proxy:#}");
+    assert_eq!(num(&r, &["requests_ok"]), 6.0);
+    let after = loadgen::budget::read_quota(&cgroups, proxy_pid)
+        .ok()
+        .flatten();
+    assert_eq!(after, before, "the proxy is back in its own cgroup");
+    // Without a watched proxy there is nothing to budget.
+    let mut b = base_args(&format!("localhost:{}", s.grpc.addr.port()), "budget");
+    b.extend(args(&["--requests", "1", "--proxy-cpu-budget", "0.3"]));
+    let refused = run_loadgen(&b, None);
+    assert_eq!(refused.status.code(), Some(2), "{}", refused.stderr);
+    assert!(
+        refused.stderr.contains("--watch-pid proxy=PID"),
+        "{}",
+        refused.stderr
+    );
+}

@@ -174,7 +174,7 @@ pub fn cells(
 
 /// The `run` flags compare decides for every cell; set after `--` they are refused
 /// rather than silently overridden. (`--target` is refused by clap itself: it is given.)
-const FLAGS_COMPARE_SETS: [&str; 16] = [
+const FLAGS_COMPARE_SETS: [&str; 17] = [
     "protocol",
     "collection",
     "recreate",
@@ -191,6 +191,7 @@ const FLAGS_COMPARE_SETS: [&str; 16] = [
     "out",
     "proxy_metrics",
     "cell_repeat",
+    "proxy_cpu_budget",
 ];
 
 /// Stands for a cell's target until the cell knows it (a local cell's proxy picks its port).

@@ -228,6 +228,13 @@ pub struct RunArgs {
     /// Attribute the CPU of every process with this command name (repeatable).
     #[arg(long)]
     pub watch_process: Vec<String>,
+    /// Give the watched proxy (`--watch-pid proxy=PID` or `--watch-process proxy`) this CPU
+    /// budget, in cores, for the run: a cgroup quota on it alone (cgroup v2 cpu.max or v1
+    /// cpu.cfs_quota_us), read back and recorded, lifted at the end (the process goes back
+    /// to its own cgroup). Needs a writable cgroup tree (root). `loadgen compare` sets its
+    /// own proxies' budget.
+    #[arg(long)]
+    pub proxy_cpu_budget: Option<crate::budget::BudgetChoice>,
     /// Where energy is read.
     #[arg(long, value_enum, default_value_t = PowerChoice::Auto)]
     pub power: PowerChoice,

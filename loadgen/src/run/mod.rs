@@ -51,6 +51,8 @@ pub struct RunPlan {
     pub driver: DriverConfig,
     /// Processes whose CPU is measured.
     watched: Vec<Watched>,
+    /// The watched proxy's pid and the CPU budget it gets for the run.
+    proxy_budget: Option<(u32, f64)>,
     /// Where watts come from, or why they do not.
     power: PowerSource,
     /// The target host's CPU through Prometheus and node_exporter.
@@ -120,10 +122,27 @@ impl RunPlan {
             (None, Some(concurrency)) => Some(LivePace::ClosedLoop(concurrency)),
             (None, None) => None,
         };
+        let watched = watched(args, &proc_root)?;
+        let proxy_budget = match args.proxy_cpu_budget {
+            Some(crate::budget::BudgetChoice::Cores(cores)) => {
+                let pid = watched
+                    .iter()
+                    .find(|w| w.name == "proxy")
+                    .and_then(|w| w.pids.first().copied())
+                    .ok_or_else(|| {
+                        anyhow::anyhow!(
+                            "--proxy-cpu-budget needs the proxy watched: --watch-pid proxy=PID or --watch-process proxy"
+                        )
+                    })?;
+                Some((pid, cores))
+            }
+            _ => None,
+        };
         Ok(Self {
             embeddings: Embeddings::of(args, live_pace.is_some())?,
             live_pace,
-            watched: watched(args, &proc_root)?,
+            watched,
+            proxy_budget,
             power: power_source(args)?,
             target_host: match (&args.target_node_exporter, prometheus_server(args)?) {
                 (Some(instance), Some(server)) => Some((server, instance.clone())),
@@ -245,6 +264,16 @@ async fn wait_for_start(at: Option<std::time::SystemTime>, stop: &CancellationTo
 pub async fn execute(args: &RunArgs, stop: CancellationToken) -> Result<RunResult> {
     let plan = RunPlan::new(args)?;
     let prepared = prepare(args, &plan).await?;
+    // The proxy's budget holds from here to the end of the run (the guard lifts it).
+    let _budget = match plan.proxy_budget {
+        Some((pid, cores)) => {
+            let lent = crate::budget::Lent::new(&crate::budget::Cgroups::default(), pid, cores)
+                .context("--proxy-cpu-budget")?;
+            tracing::info!(pid, cores, mechanism = %lent.quota.mechanism, "proxy CPU budget for the run");
+            Some(lent)
+        }
+        None => None,
+    };
     // Everything is prepared; the barrier is the last thing before the load.
     wait_for_start(args.start_at, &stop).await?;
     let started_at = humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string();

@@ -118,6 +118,10 @@ pub struct Overrides {
     /// less on them than the hand-off costs).
     #[arg(long, value_name = "BOOL")]
     qat_offload_p256: Option<bool>,
+    /// Generate X25519 key pairs ahead in QAT provider batches (off by default: see
+    /// docs/proxy.md, qat.offload_x25519).
+    #[arg(long, value_name = "BOOL")]
+    qat_offload_x25519: Option<bool>,
     /// Root of the sysfs tree holding QAT telemetry (default /sys).
     #[arg(long, value_name = "DIR")]
     qat_telemetry_root: Option<PathBuf>,
@@ -362,6 +366,9 @@ fn apply_process_flags(cfg: &mut Config, o: &Overrides) {
     }
     if let Some(v) = o.qat_batch_wait {
         cfg.qat.batch_wait = v.into();
+    }
+    if let Some(v) = o.qat_offload_x25519 {
+        cfg.qat.offload_x25519 = v;
     }
     if let Some(v) = o.qat_offload_p256 {
         cfg.qat.offload_p256 = v;

@@ -1,12 +1,19 @@
-//! TLS session-ticket encryption with OpenSSL's AES-256-GCM.
+//! TLS session-ticket encryption with OpenSSL's AES-256-GCM, from its default provider.
 //!
 //! rustls-openssl ships no ticketer, and borrowing ring's or aws-lc-rs' would mean an
 //! "openssl" measurement runs another library's code on every resumed handshake.
+//!
+//! The cipher is fetched by name with `provider=default`, never through the legacy
+//! `EVP_aes_256_gcm()`, whose implicit fetch was measured to land in QAT_Engine's provider
+//! when openssl-qat has it loaded, despite the process's `?provider=default` preference:
+//! qat_sw's AES-GCM corrupted the heap there (`malloc(): corrupted top size`, the proxy
+//! aborted at the first resumed handshakes of 32 clients).
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
+use openssl::cipher::Cipher;
+use openssl::cipher_ctx::CipherCtx;
 use openssl::rand::rand_bytes;
-use openssl::symm::{decrypt_aead, encrypt_aead, Cipher};
 use rustls::crypto::GetRandomFailed;
 use rustls::server::ProducesTickets;
 use rustls::ticketer::TicketRotator;
@@ -17,6 +24,44 @@ const TICKET_KEY_LIFETIME_SECS: u32 = 6 * 60 * 60;
 const KEY_NAME_LEN: usize = 16;
 const NONCE_LEN: usize = 12;
 const TAG_LEN: usize = 16;
+
+/// AES-256-GCM from OpenSSL's default provider, fetched once.
+fn aes_256_gcm() -> Option<&'static Cipher> {
+    static CIPHER: OnceLock<Option<Cipher>> = OnceLock::new();
+    CIPHER
+        .get_or_init(|| Cipher::fetch(None, "AES-256-GCM", Some("provider=default")).ok())
+        .as_ref()
+}
+
+/// One AEAD operation: `aad` authenticated, `input` encrypted or decrypted with `key` and
+/// `nonce`; on encryption the tag is written into `tag`, on decryption it is checked.
+fn seal_or_open(
+    encrypt: bool,
+    key: &[u8; 32],
+    nonce: &[u8],
+    aad: &[u8],
+    input: &[u8],
+    tag: &mut [u8; TAG_LEN],
+) -> Option<Vec<u8>> {
+    let cipher = aes_256_gcm()?;
+    let mut ctx = CipherCtx::new().ok()?;
+    if encrypt {
+        ctx.encrypt_init(Some(cipher), Some(key), Some(nonce))
+            .ok()?;
+    } else {
+        ctx.decrypt_init(Some(cipher), Some(key), Some(nonce))
+            .ok()?;
+        ctx.set_tag(tag).ok()?;
+    }
+    ctx.cipher_update(aad, None).ok()?;
+    let mut out = Vec::with_capacity(input.len() + 16);
+    ctx.cipher_update_vec(input, &mut out).ok()?;
+    ctx.cipher_final_vec(&mut out).ok()?;
+    if encrypt {
+        ctx.tag(tag).ok()?;
+    }
+    Some(out)
+}
 
 /// A rotating ticketer whose ticket keys are fresh OpenSSL AES-256-GCM keys.
 pub(super) fn new() -> Result<Arc<dyn ProducesTickets>, rustls::Error> {
@@ -68,15 +113,7 @@ impl ProducesTickets for AeadTicketer {
         let mut nonce = [0u8; NONCE_LEN];
         rand_bytes(&mut nonce).ok()?;
         let mut tag = [0u8; TAG_LEN];
-        let ciphertext = encrypt_aead(
-            Cipher::aes_256_gcm(),
-            &self.key,
-            Some(&nonce),
-            &self.key_name,
-            plain,
-            &mut tag,
-        )
-        .ok()?;
+        let ciphertext = seal_or_open(true, &self.key, &nonce, &self.key_name, plain, &mut tag)?;
         let mut out = Vec::with_capacity(KEY_NAME_LEN + NONCE_LEN + ciphertext.len() + TAG_LEN);
         out.extend_from_slice(&self.key_name);
         out.extend_from_slice(&nonce);
@@ -95,15 +132,8 @@ impl ProducesTickets for AeadTicketer {
         }
         let (nonce, rest) = rest.split_at(NONCE_LEN);
         let (ciphertext, tag) = rest.split_at(rest.len() - TAG_LEN);
-        decrypt_aead(
-            Cipher::aes_256_gcm(),
-            &self.key,
-            Some(nonce),
-            key_name,
-            ciphertext,
-            tag,
-        )
-        .ok()
+        let mut tag: [u8; TAG_LEN] = tag.try_into().ok()?;
+        seal_or_open(false, &self.key, nonce, key_name, ciphertext, &mut tag)
     }
 }
 

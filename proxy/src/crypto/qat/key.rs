@@ -192,9 +192,9 @@ impl Signer for QatSigner {
     }
 }
 
-/// X25519 for openssl-qat listeners: key pairs generated ahead in QAT provider batches
-/// (the signer's stock), taken without waiting; the agreement on OpenSSL's default
-/// provider. An empty stock falls back to [`SOFTWARE_X25519`].
+/// X25519 for openssl-qat listeners: with `qat.offload_x25519`, key pairs generated ahead in
+/// QAT provider batches (the signer's stock), taken without waiting; the agreement on
+/// OpenSSL's default provider. Without it, or with an empty stock, [`SOFTWARE_X25519`].
 #[derive(Debug)]
 pub struct QatX25519;
 
@@ -203,7 +203,8 @@ pub static QAT_X25519: QatX25519 = QatX25519;
 
 impl SupportedKxGroup for QatX25519 {
     fn start(&self) -> Result<Box<dyn ActiveKeyExchange>, Error> {
-        let Some(pair) = super::active().and_then(|state| state.signer().take_x25519()) else {
+        let stock = super::active().filter(|state| state.offload_x25519);
+        let Some(pair) = stock.and_then(|state| state.signer().take_x25519()) else {
             return SOFTWARE_X25519.start();
         };
         Ok(Box::new(SoftwareKeyExchange::from_pair(&pair)?))

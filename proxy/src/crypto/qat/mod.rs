@@ -126,6 +126,12 @@ pub struct QatConfig {
     /// round trip to the signer thread costs, so they are signed in software where the
     /// handshake runs. QAT hardware, which takes the whole signature off the CPU, may gain.
     pub offload_p256: bool,
+    /// Generate X25519 key pairs ahead in provider batches (the signer's key stock). Off by
+    /// default: with qat_sw 1.8.1 the stock corrupted the heap (`malloc(): corrupted size
+    /// vs. prev_size`, the proxy aborted) once 32 clients resumed their sessions at once,
+    /// handshakes that use the stock without a signature; found 2026-12-07, not yet traced
+    /// to its cause. X25519 on OpenSSL's default provider costs about 50 us a handshake.
+    pub offload_x25519: bool,
     /// The provider's batch width: 8 for qat_sw (a signature goes to the provider only
     /// when a batch of 8 can fill soon, else it is signed in software), 1 for QAT
     /// hardware (every signature goes to the provider at once).
@@ -155,6 +161,7 @@ impl Default for QatConfig {
             batch: DEFAULT_BATCH,
             batch_wait: DEFAULT_BATCH_WAIT,
             offload_p256: false,
+            offload_x25519: false,
             fallback: Fallback::None,
             telemetry_root: PathBuf::from("/sys"),
             enable_telemetry: false,
@@ -364,6 +371,8 @@ pub struct QatState {
     pub settings: SettingsSource,
     /// ECDSA P-256 signatures go to the provider (`qat.offload_p256`).
     pub offload_p256: bool,
+    /// X25519 key pairs come from the provider's batches (`qat.offload_x25519`).
+    pub offload_x25519: bool,
     signer: AsyncSigner,
 }
 
@@ -537,6 +546,7 @@ fn activate_once(cfg: &QatConfig) -> Result<QatState, QatError> {
         property_query: query,
         settings,
         offload_p256: cfg.offload_p256,
+        offload_x25519: cfg.offload_x25519,
         signer,
     })
 }

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use tokio::net::TcpListener;
 
-use crate::config::ListenerMode;
+use crate::config::{ClientProtocol, Limits, ListenerMode};
 use crate::crypto::qat::{QatError, QatState};
 use crate::crypto::CryptoError;
 use crate::http::{BufferBudget, HttpForwarder};
@@ -185,12 +185,17 @@ pub(crate) fn listener_ctx(
         upstream_tls,
         &lm,
     ));
+    let limits = Limits {
+        // None only in tcp mode (the plan refuses it in http mode): zero, no limit.
+        idle_timeout: lp.idle_timeout.unwrap_or(std::time::Duration::ZERO),
+        ..plan.limits.clone()
+    };
     let mode = match lp.mode {
         ListenerMode::Http => Mode::Http(Arc::new(HttpForwarder::new(
             upstreams.clone(),
             lp.upstream_protocol,
             lp.upstream_idle_timeout,
-            plan.limits.clone(),
+            limits.clone(),
             lm.clone(),
             shared.budget.clone(),
             plan.trusted.clone(),
@@ -198,17 +203,23 @@ pub(crate) fn listener_ctx(
             lp.error_body,
             shared.access_log.clone(),
         ))),
-        ListenerMode::Tcp => Mode::Tcp,
+        ListenerMode::Tcp => Mode::Tcp(lp.protocol),
     };
+    if lp.protocol == ClientProtocol::Postgres {
+        lm.postgres_openings_at_zero();
+    }
     Ok(ListenerCtx {
         tls,
         offload: shared.offload.clone(),
-        limits: plan.limits.clone(),
+        limits,
         metrics: lm,
         mode,
         upstreams,
         health_check: lp.health_check.clone(),
         proxy_protocol: lp.proxy_protocol.clone(),
+        connection_slots: lp
+            .max_connections
+            .map(|n| Arc::new(tokio::sync::Semaphore::new(n))),
     })
 }
 

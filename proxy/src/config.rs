@@ -424,6 +424,26 @@ impl ListenerMode {
     }
 }
 
+/// How a client opens its connection to a tcp listener, before the bytes are spliced.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum ClientProtocol {
+    /// The client's TLS ClientHello comes first: any TLS client.
+    #[default]
+    Tls,
+    /// PostgreSQL's: an SSLRequest answered `S`, then TLS (libpq's `sslmode`), or TLS at
+    /// once with ALPN `postgresql` (`sslnegotiation=direct`, libpq 17 and later); a
+    /// GSSENCRequest is answered `N`, a plaintext startup gets PostgreSQL's error 28000, a
+    /// CancelRequest is passed on to the nodes (see `postgres.rs`).
+    Postgres,
+}
+
+impl ClientProtocol {
+    fn is_tls(&self) -> bool {
+        *self == Self::Tls
+    }
+}
+
 /// How requests travel to the upstream in `http` mode.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
@@ -552,6 +572,23 @@ pub struct ListenerConfig {
     /// `http` (default) or `tcp`.
     #[serde(default)]
     pub mode: ListenerMode,
+    /// tcp mode: how clients open their connections, `tls` (default) or `postgres`.
+    #[serde(default, skip_serializing_if = "ClientProtocol::is_tls")]
+    pub protocol: ClientProtocol,
+    /// Open connections on this listener at most (beyond them, new ones wait in the
+    /// kernel's queue); unset: only the process-wide `limits.max_connections` applies.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_connections: Option<usize>,
+    /// This listener's `limits.idle_timeout`; in tcp mode `0s` means never. Unset: the
+    /// process-wide one, except on `protocol = "postgres"` listeners, where it is never (a
+    /// query that runs for minutes moves no byte, and connection pools keep sessions idle
+    /// on purpose; TCP keep-alive still finds peers that vanished).
+    #[serde(
+        default,
+        with = "humantime_serde",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub idle_timeout: Option<Duration>,
     /// Upstream protocol in http mode.
     #[serde(default)]
     pub upstream_protocol: UpstreamProtocol,

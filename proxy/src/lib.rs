@@ -16,7 +16,8 @@
 //!   header from a trusted balancer; [`trust`] trusted sources;
 //! - [`tls`] server configurations and the handshake; [`crypto`] providers, keys,
 //!   certificates and QAT;
-//! - [`http`] L7 forwarding; [`tcp`] the L4 splice; [`upstream`] the nodes, balancing,
+//! - [`http`] L7 forwarding; [`tcp`] the L4 splice; `postgres` PostgreSQL's opening of a
+//!   TLS connection (SSLRequest, direct TLS, cancel requests) on tcp listeners; [`upstream`] the nodes, balancing,
 //!   health checks and upstream TLS; [`liveness`] what connection deadlines read and byte
 //!   accounting; `rapid_reset` premature stream resets counted and the flood flag they
 //!   raise;
@@ -50,6 +51,7 @@ pub mod listener;
 pub mod liveness;
 pub mod metrics;
 pub mod plan;
+pub(crate) mod postgres;
 pub mod proxy_protocol;
 pub(crate) mod rapid_reset;
 pub mod ratelog;

@@ -15,7 +15,7 @@ use tokio_rustls::server::TlsStream;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::config::{HealthCheckConfig, HealthCheckKind, Limits};
+use crate::config::{ClientProtocol, HealthCheckConfig, HealthCheckKind, Limits};
 use crate::http::{ClientStream, HttpForwarder, NextBytes};
 use crate::liveness::{Activity, CountingIo, QuietLimits};
 use crate::metrics::ListenerMetrics;
@@ -51,14 +51,18 @@ pub(crate) struct ListenerCtx {
     pub health_check: (HealthCheckKind, HealthCheckConfig),
     /// Where a PROXY protocol header is read from (`None`: the listener takes none).
     pub proxy_protocol: Option<TrustedProxies>,
+    /// The listener's own connection limit, if it has one (kept across reloads that do
+    /// not change it, so connections already open still count).
+    pub connection_slots: Option<Arc<Semaphore>>,
 }
 
 /// What a listener does with a decrypted stream.
 pub(crate) enum Mode {
     /// Serve HTTP and forward each request.
     Http(Arc<HttpForwarder>),
-    /// Splice bytes to a node.
-    Tcp,
+    /// Splice bytes to a node, once the client has opened its connection as `ClientProtocol`
+    /// says.
+    Tcp(ClientProtocol),
 }
 
 /// Listener `name`'s listening socket, with the options every accepted connection
@@ -126,6 +130,15 @@ pub(crate) async fn accept_loop(
             },
             _ = stop.cancelled() => return,
         };
+        // Then the listener's own slot, if it has a limit of its own.
+        let slots = ctx.load().connection_slots.clone();
+        let listener_permit = match slots {
+            Some(slots) => tokio::select! {
+                p = slots.acquire_owned() => p.ok(),
+                _ = stop.cancelled() => return,
+            },
+            None => None,
+        };
         let (stream, peer) = tokio::select! {
             r = listener.accept() => match r {
                 Ok(s) => s,
@@ -142,7 +155,7 @@ pub(crate) async fn accept_loop(
             ctx.load_full(),
             stream,
             peer,
-            permit,
+            (permit, listener_permit),
             drain.clone(),
         ));
     }
@@ -161,7 +174,7 @@ async fn handle_connection(
     ctx: Arc<ListenerCtx>,
     mut stream: TcpStream,
     mut peer: SocketAddr,
-    _permit: OwnedSemaphorePermit,
+    _permits: (OwnedSemaphorePermit, Option<OwnedSemaphorePermit>),
     shutdown: CancellationToken,
 ) {
     let m = &ctx.metrics;
@@ -172,7 +185,7 @@ async fn handle_connection(
     // socket (see `bind`); elsewhere they are set here, five system calls per connection.
     #[cfg(not(target_os = "linux"))]
     let _ = set_connection_options(&stream, &ctx.limits);
-    let activity = Activity::new(matches!(ctx.mode, Mode::Tcp));
+    let activity = Activity::new(matches!(ctx.mode, Mode::Tcp(_)));
     let started = Instant::now();
     // The PROXY header and the handshake share one deadline: a balancer's header comes
     // with the client's first bytes.
@@ -180,6 +193,23 @@ async fn handle_connection(
     if let Some(trusted) = &ctx.proxy_protocol {
         match client_behind_balancer(&ctx, &mut stream, peer, trusted, deadline).await {
             Some(client) => peer = client,
+            None => return,
+        }
+    }
+    // PostgreSQL's clients ask for TLS before they start it (or cancel a query in clear).
+    let mut direct_postgres_tls = false;
+    if let Mode::Tcp(ClientProtocol::Postgres) = ctx.mode {
+        match postgres_opening(&ctx, &mut stream, peer, deadline).await {
+            Some(crate::postgres::Opening::Tls { direct }) => direct_postgres_tls = direct,
+            Some(crate::postgres::Opening::Cancel(packet)) => {
+                crate::postgres::pass_on_cancel(
+                    packet,
+                    &ctx.upstreams,
+                    ctx.limits.upstream_connect_timeout,
+                )
+                .await;
+                return;
+            }
             None => return,
         }
     }
@@ -238,7 +268,17 @@ async fn handle_connection(
                 }
             }
         }
-        Mode::Tcp => {
+        Mode::Tcp(_) => {
+            if direct_postgres_tls
+                && tls_stream.get_ref().1.alpn_protocol() != Some(crate::postgres::ALPN)
+            {
+                // As PostgreSQL does: direct TLS that did not name PostgreSQL may be another
+                // protocol's client, talked into connecting here.
+                ctx.metrics.postgres_opening("direct_tls_without_alpn");
+                m.connection_error("postgres_opening");
+                crate::peer_warn!(listener = %ctx.tls.labels.name, %peer, "direct TLS without ALPN \"postgresql\" refused");
+                return;
+            }
             // The server has nothing to say first in tcp mode: see `acknowledge_finished`.
             acknowledge_finished(tls_stream.get_ref().0.get_ref());
             match Box::pin(crate::tcp::splice(
@@ -247,10 +287,13 @@ async fn handle_connection(
                 ctx.limits.upstream_connect_timeout,
                 activity,
                 ctx.limits.idle_timeout,
+                ctx.limits.max_connection_age.map(|age| (started, age)),
             ))
             .await
             {
-                Ok(_) => {}
+                Ok(crate::tcp::SpliceEnd::Closed) => {}
+                Ok(crate::tcp::SpliceEnd::Idle) => m.connection_closed("idle"),
+                Ok(crate::tcp::SpliceEnd::MaxAge) => m.connection_closed("max_age"),
                 Err(e @ crate::tcp::SpliceError::Connect { .. }) => {
                     m.upstream_error("connect");
                     m.connection_error("upstream_connect");
@@ -303,6 +346,40 @@ async fn handshake(
         Err(_) => {
             m.handshake_failed_because("timeout");
             deadline_passed(ctx, m, peer, "TLS handshake");
+            None
+        }
+    }
+}
+
+/// A PostgreSQL client's opening read and answered by `deadline` (shared with the
+/// handshake); `None` when the connection goes no further (counted and logged here).
+async fn postgres_opening(
+    ctx: &ListenerCtx,
+    stream: &mut TcpStream,
+    peer: SocketAddr,
+    deadline: tokio::time::Instant,
+) -> Option<crate::postgres::Opening> {
+    let m = &ctx.metrics;
+    let opened = tokio::time::timeout_at(
+        deadline,
+        Box::pin(crate::postgres::open(stream, || {
+            m.postgres_opening("gssenc_refused")
+        })),
+    )
+    .await;
+    match opened {
+        Ok(Ok(opening)) => {
+            m.postgres_opening(opening.label());
+            Some(opening)
+        }
+        Ok(Err(e)) => {
+            m.postgres_opening(e.label());
+            m.connection_error("postgres_opening");
+            crate::peer_warn!(listener = %ctx.tls.labels.name, %peer, error = %e, "PostgreSQL connection refused");
+            None
+        }
+        Err(_) => {
+            deadline_passed(ctx, m, peer, "PostgreSQL opening");
             None
         }
     }

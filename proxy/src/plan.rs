@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use crate::access_log::AccessLogConfig;
 use crate::config::{
-    server_name_problem, Balance, Config, ConfigError, ErrorBody, HandshakeOffload,
+    server_name_problem, Balance, ClientProtocol, Config, ConfigError, ErrorBody, HandshakeOffload,
     HealthCheckConfig, HealthCheckKind, Limits, ListenerMode, UpstreamProtocol, UpstreamTlsConfig,
     MAX_UPSTREAM_NODES,
 };
@@ -76,6 +76,13 @@ pub struct ListenerPlan {
     pub listen: SocketAddr,
     /// `http` or `tcp`.
     pub mode: ListenerMode,
+    /// tcp mode: how clients open their connections.
+    pub protocol: ClientProtocol,
+    /// Open connections on this listener at most, beside the process-wide limit.
+    pub max_connections: Option<usize>,
+    /// How long a connection may move nothing before it is closed; `None`: never (tcp
+    /// mode only).
+    pub idle_timeout: Option<Duration>,
     /// Upstream nodes, parsed, no duplicates, at least one.
     pub nodes: Vec<UpstreamAddr>,
     /// How a request (a connection in tcp mode) picks its node.
@@ -502,6 +509,25 @@ fn listener_plan(
             .map_err(|e| problems.push(format!("{}: {e}", field("proxy_protocol"))))
             .ok()
     });
+    if lc.protocol != ClientProtocol::Tls && lc.mode != ListenerMode::Tcp {
+        problems.push(format!(
+            "{}: {:?} needs mode = \"tcp\" (the bytes after the handshake are spliced)",
+            field("protocol"),
+            lc.protocol
+        ));
+    }
+    if lc.max_connections == Some(0) {
+        problems.push(format!(
+            "{}: must be at least 1 (leave it unset for no per-listener limit)",
+            field("max_connections")
+        ));
+    }
+    if lc.mode == ListenerMode::Http && lc.idle_timeout.is_some_and(|d| d.is_zero()) {
+        problems.push(format!(
+            "{}: must be greater than zero in http mode",
+            field("idle_timeout")
+        ));
+    }
     if lc.mode == ListenerMode::Tcp && lc.upstream_protocol != UpstreamProtocol::Auto {
         problems.push(format!(
             "{}: only meaningful in http mode (this listener is tcp)",
@@ -516,6 +542,13 @@ fn listener_plan(
         name,
         listen: listen.expect("checked above"),
         mode: lc.mode,
+        protocol: lc.protocol,
+        max_connections: lc.max_connections,
+        idle_timeout: match (lc.idle_timeout, lc.protocol) {
+            (Some(d), _) => Some(d).filter(|d| !d.is_zero()),
+            (None, ClientProtocol::Postgres) => None,
+            (None, ClientProtocol::Tls) => Some(config.limits.idle_timeout),
+        },
         nodes,
         balance: lc.balance,
         health_check: (health_kind, hc.clone()),
@@ -543,7 +576,12 @@ fn listener_plan(
                 })
                 .collect(),
             policy: lc.tls.clone(),
-            default_alpn: lc.mode.default_alpn(),
+            default_alpn: match lc.protocol {
+                // PostgreSQL's own server refuses direct TLS without this ALPN, so a TLS
+                // connection made for another protocol cannot be talked into speaking to it.
+                ClientProtocol::Postgres => &[crate::postgres::ALPN],
+                ClientProtocol::Tls => lc.mode.default_alpn(),
+            },
             fallback: config.qat.fallback,
         },
     })
@@ -553,6 +591,16 @@ fn listener_plan(
 mod tests {
     use super::*;
     use crate::crypto::qat::Fallback;
+
+    /// A certificate and key file that exist (the plan checks only that they do).
+    fn placeholder_cert_files(tag: &str) -> (PathBuf, PathBuf) {
+        let dir = std::env::temp_dir().join(format!("{tag}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (c, k) = (dir.join("a.crt"), dir.join("a.key"));
+        std::fs::write(&c, "x").unwrap();
+        std::fs::write(&k, "x").unwrap();
+        (c, k)
+    }
 
     fn plan_of(text: &str) -> Result<Plan, ConfigError> {
         Plan::new(&toml::from_str::<Config>(text).unwrap())
@@ -621,11 +669,7 @@ mod tests {
     /// effect, the nodes parsed, whether QAT is needed, the mode's ALPN default.
     #[test]
     fn a_good_configuration_becomes_one_plan_with_every_decision_taken() {
-        let dir = std::env::temp_dir().join(format!("plan-test-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let (c, k) = (dir.join("a.crt"), dir.join("a.key"));
-        std::fs::write(&c, "x").unwrap();
-        std::fs::write(&k, "x").unwrap();
+        let (c, k) = placeholder_cert_files("plan-test");
         let text = format!(
             r#"
             provider = "ring"
@@ -677,6 +721,45 @@ mod tests {
             .switched(ProviderName::AwsLcRs, "n.crt".into(), "n.key".into());
         assert_eq!(switched.fallback, Fallback::None);
         assert_eq!(switched.sni, grpc.tls.sni);
-        std::fs::remove_dir_all(&dir).ok();
+        std::fs::remove_dir_all(c.parent().unwrap()).ok();
+    }
+
+    #[test]
+    fn a_postgres_listener_is_tcp_with_its_own_alpn_and_no_idle_limit() {
+        let (c, k) = placeholder_cert_files("plan-pg-test");
+        let base = format!(
+            "[[listener]]\nlisten = \"127.0.0.1:5432\"\ncert = \"{}\"\nkey = \"{}\"\n",
+            c.display(),
+            k.display()
+        );
+        let plan = plan_of(&format!(
+            "{base}mode = \"tcp\"\nprotocol = \"postgres\"\nupstream = \"tcp://127.0.0.1:15432\"\nmax_connections = 5\n"
+        ))
+        .unwrap();
+        let l = &plan.listeners[0];
+        assert_eq!(l.protocol, ClientProtocol::Postgres);
+        assert_eq!(l.tls.default_alpn, &[b"postgresql".as_slice()]);
+        assert_eq!(l.idle_timeout, None);
+        assert_eq!(l.max_connections, Some(5));
+        let tcp = plan_of(&format!(
+            "{base}mode = \"tcp\"\nupstream = \"tcp://127.0.0.1:15432\"\n"
+        ))
+        .unwrap();
+        assert_eq!(
+            tcp.listeners[0].idle_timeout,
+            Some(Limits::default().idle_timeout)
+        );
+
+        let e = plan_of(&format!(
+            "{base}protocol = \"postgres\"\nupstream = \"http://127.0.0.1:6333\"\nmax_connections = 0\nidle_timeout = \"0s\"\n"
+        ))
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("protocol: Postgres needs mode = \"tcp\""), "{e}");
+        assert!(e.contains("max_connections: must be at least 1"), "{e}");
+        assert!(
+            e.contains("idle_timeout: must be greater than zero in http mode"),
+            "{e}"
+        );
     }
 }

@@ -220,8 +220,13 @@ impl Reloader {
             match same_address {
                 Some(i) if state.running[i].plan.name == lp.name => {
                     taken[i] = true;
-                    let tls = state.running[i].ctx.load().tls.clone();
-                    let ctx = listener_ctx(lp, plan, &self.shared, tls).map_err(|e| e.to_string())?;
+                    let running = state.running[i].ctx.load();
+                    let mut ctx = listener_ctx(lp, plan, &self.shared, running.tls.clone())
+                        .map_err(|e| e.to_string())?;
+                    if state.running[i].plan.max_connections == lp.max_connections {
+                        // The open connections hold slots of the running limit.
+                        ctx.connection_slots = running.connection_slots.clone();
+                    }
                     prepared.push(Prepared::Kept {
                         index: i,
                         ctx: Arc::new(ctx),

@@ -15,6 +15,17 @@ use crate::upstream::UpstreamPool;
 /// syscall without holding much memory per connection.
 const SPLICE_BUFFER: usize = 64 * 1024;
 
+/// How a spliced connection ended, when neither side failed.
+#[derive(Debug, PartialEq, Eq)]
+pub enum SpliceEnd {
+    /// A side closed.
+    Closed,
+    /// No bytes moved for the idle timeout.
+    Idle,
+    /// It reached `limits.max_connection_age`.
+    MaxAge,
+}
+
 /// Why a spliced connection ended badly.
 #[derive(Debug, thiserror::Error)]
 pub enum SpliceError {
@@ -32,15 +43,16 @@ pub enum SpliceError {
 }
 
 /// Connects to a node of `upstreams` (another one if connecting fails: nothing has been
-/// sent yet) and copies both ways until either side closes or no bytes have moved for
-/// `idle`.
+/// sent yet) and copies both ways until either side closes, no bytes have moved for
+/// `idle` (zero: no limit), or the connection is `max_age` old (counted from `opened`).
 pub async fn splice<IO>(
     mut client: IO,
     upstreams: &UpstreamPool,
     connect_timeout: Duration,
     activity: Arc<Activity>,
     idle: Duration,
-) -> Result<(u64, u64), SpliceError>
+    max_age: Option<(tokio::time::Instant, Duration)>,
+) -> Result<SpliceEnd, SpliceError>
 where
     IO: AsyncRead + AsyncWrite + Unpin,
 {
@@ -79,10 +91,26 @@ where
     };
     server.set_nodelay(true).map_err(SpliceError::Copy)?;
     let quiet = QuietLimits::uniform(idle);
+    let quiet_for_too_long = async {
+        if idle.is_zero() {
+            std::future::pending().await
+        } else {
+            activity.wait_quiet(&quiet).await
+        }
+    };
+    // A database session has no request boundary to close at, so the age limit cuts it
+    // where it stands: the client sees its connection end, as when the database restarts.
+    let aged = async {
+        match max_age {
+            Some((opened, age)) => tokio::time::sleep_until(opened + age).await,
+            None => std::future::pending().await,
+        }
+    };
     tokio::select! {
         r = tokio::io::copy_bidirectional_with_sizes(&mut client, &mut server, SPLICE_BUFFER, SPLICE_BUFFER) => {
-            r.map_err(SpliceError::Copy)
+            r.map(|_| SpliceEnd::Closed).map_err(SpliceError::Copy)
         }
-        _ = activity.wait_quiet(&quiet) => Ok((0, 0)),
+        _ = quiet_for_too_long => Ok(SpliceEnd::Idle),
+        _ = aged => Ok(SpliceEnd::MaxAge),
     }
 }

@@ -19,6 +19,7 @@ pub const SYSTEM_TOOLS: &[(&str, &str)] = &[
     ("nginx", "nginx"),
     ("openssl", "openssl"),
     ("prometheus", "prometheus"),
+    ("psql", "postgresql-15"),
     ("prometheus-node-exporter", "prometheus-node-exporter"),
     ("promtool", "prometheus"),
     ("ss", "iproute2"),
@@ -47,4 +48,27 @@ pub fn system_tool(command: &str) -> PathBuf {
                  (tests/run installs every package the suite needs)"
             )
         })
+}
+
+/// PostgreSQL's server programs (initdb, pg_ctl, postgres): Debian keeps them per major
+/// version under /usr/lib/postgresql, off `PATH`; the newest installed is taken. Fails the
+/// calling test naming the package to install when there is none.
+pub fn postgres_bindir() -> PathBuf {
+    let mut found: Vec<(u32, PathBuf)> = std::fs::read_dir("/usr/lib/postgresql")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let version = e.file_name().to_string_lossy().parse().ok()?;
+            let bin = e.path().join("bin");
+            bin.join("initdb").is_file().then_some((version, bin))
+        })
+        .collect();
+    found.sort();
+    found.pop().map(|(_, bin)| bin).unwrap_or_else(|| {
+        panic!(
+            "PostgreSQL's server is not installed: `apt-get install postgresql-15` \
+             (tests/run installs every package the suite needs)"
+        )
+    })
 }

@@ -9,6 +9,8 @@
 #                       behind the proxy) and pymilvus, Milvus's own client
 #   $DIR/chroma:        chromadb (`chroma run`: Chroma's server, REST over HTTP/1.1, and
 #                       chromadb.HttpClient, Chroma's own client)
+#   $DIR/postgres:      psycopg 3 with its binary package (which bundles a recent libpq:
+#                       sslnegotiation=direct and the encrypted cancel of libpq 17+)
 # DIR is $INTEROP_CLIENTS, else ~/.cache/vector-tls-proxy/interop. Idempotent.
 set -euo pipefail
 dir="${INTEROP_CLIENTS:-$HOME/.cache/vector-tls-proxy/interop}"
@@ -18,6 +20,7 @@ sslyze_version=6.3.1
 milvus_lite_version=3.2.2
 pymilvus_version=3.0.2
 chromadb_version=1.5.9
+psycopg_version=3.3.9
 mkdir -p "$dir"
 if ! "$python" -c "import venv, ensurepip" 2>/dev/null && command -v apt-get >/dev/null; then
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv >/dev/null
@@ -44,4 +47,9 @@ if [ "$("$dir/chroma/bin/pip" show chromadb 2>/dev/null | sed -n 's/^Version: //
   "$python" -m venv "$dir/chroma"
   "$dir/chroma/bin/pip" install -q "chromadb==$chromadb_version"
 fi
-echo "interop clients in $dir: qdrant-client $("$dir/qdrant-client/bin/pip" show qdrant-client | sed -n 's/^Version: //p'), sslyze $("$dir/sslyze/bin/pip" show sslyze | sed -n 's/^Version: //p'), milvus-lite $milvus_lite_version, pymilvus $pymilvus_version, chromadb $chromadb_version"
+if [ "$("$dir/postgres/bin/pip" show psycopg 2>/dev/null | sed -n 's/^Version: //p')" != "$psycopg_version" ]; then
+  rm -rf "$dir/postgres"
+  "$python" -m venv "$dir/postgres"
+  "$dir/postgres/bin/pip" install -q "psycopg[binary]==$psycopg_version"
+fi
+echo "interop clients in $dir: qdrant-client $("$dir/qdrant-client/bin/pip" show qdrant-client | sed -n 's/^Version: //p'), sslyze $("$dir/sslyze/bin/pip" show sslyze | sed -n 's/^Version: //p'), milvus-lite $milvus_lite_version, pymilvus $pymilvus_version, chromadb $chromadb_version, psycopg $psycopg_version"

@@ -202,3 +202,141 @@ async fn clients_that_read_nothing_or_ignore_the_goaway_are_closed() {
         ) >= 1.0
     );
 }
+
+/// A byte-echoing TCP server: the database behind a tcp listener, as far as the splice can
+/// tell. Stops with the test's runtime.
+async fn tcp_echo() -> std::net::SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let (mut r, mut w) = s.split();
+                let _ = tokio::io::copy(&mut r, &mut w).await;
+            });
+        }
+    });
+    addr
+}
+
+/// Whether the proxy closed `tls` within `limit` (a read that ends, or fails).
+async fn closed_within(
+    tls: &mut tokio_rustls::client::TlsStream<TcpStream>,
+    limit: Duration,
+) -> bool {
+    use tokio::io::AsyncReadExt;
+    let mut buf = [0u8; 64];
+    matches!(
+        tokio::time::timeout(limit, tls.read(&mut buf)).await,
+        Ok(Ok(0)) | Ok(Err(_))
+    )
+}
+
+/// tcp listeners' own bounds: a listener's `max_connections` (the third client waits in
+/// the kernel's queue until a slot frees), `limits.max_connection_age` (a busy connection is
+/// closed at that age, counted as max_age), the process-wide idle limit on one listener and
+/// none (`idle_timeout = "0s"`) on another.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tcp_listeners_bound_connections_age_and_idleness() {
+    let upstream = tcp_echo().await;
+    let (cert, key) = server_cert(CertAlgorithmName::EcdsaP256);
+    let dir = temp_dir("tcp-bounds");
+    let config = dir.join("proxy.toml");
+    let listener = |name: &str, extra: &str| {
+        format!(
+            "[[listener]]\nname = \"{name}\"\nlisten = \"127.0.0.1:0\"\nmode = \"tcp\"\nupstream = \"tcp://{upstream}\"\ncert = \"{}\"\nkey = \"{}\"\n{extra}\n",
+            cert.display(),
+            key.display()
+        )
+    };
+    std::fs::write(
+        &config,
+        format!(
+            "[limits]\nidle_timeout = \"1s\"\nmax_connection_age = \"3s\"\n\n{}{}",
+            listener("capped", "max_connections = 2"),
+            listener("patient", "idle_timeout = \"0s\"")
+        ),
+    )
+    .unwrap();
+    let proxy = ProxyProcess::start_raw(&["--config".to_owned(), config.display().to_string()]);
+    let cfg = client_config(&ClientOpts {
+        alpn: vec![],
+        ..ClientOpts::default()
+    });
+    let capped = proxy.listener("capped");
+
+    let mut first = tls_connect(capped, cfg.clone()).await.unwrap();
+    let _second = tls_connect(capped, cfg.clone()).await.unwrap();
+    let third = tokio::spawn(tls_connect(capped, cfg.clone()));
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        !third.is_finished(),
+        "a third connection was served past max_connections = 2"
+    );
+    first.shutdown().await.unwrap();
+    drop(first);
+    let mut third = tokio::time::timeout(Duration::from_secs(5), third)
+        .await
+        .expect("the third connection is served once a slot frees")
+        .unwrap()
+        .unwrap();
+    // Idle on the capped listener (the process-wide 1 s): closed.
+    assert!(closed_within(&mut third, Duration::from_secs(3)).await);
+
+    // No idle limit on the other, and the age limit on a connection that keeps talking.
+    let mut patient = tls_connect(proxy.listener("patient"), cfg.clone())
+        .await
+        .unwrap();
+    let opened = Instant::now();
+    assert!(!closed_within(&mut patient, Duration::from_millis(1500)).await);
+    let mut talker = tls_connect(proxy.listener("patient"), cfg).await.unwrap();
+    let talking = Instant::now();
+    let mut echoed = [0u8; 4];
+    loop {
+        use tokio::io::AsyncReadExt;
+        if talker.write_all(b"ping").await.is_err() {
+            break;
+        }
+        match tokio::time::timeout(Duration::from_secs(2), talker.read_exact(&mut echoed)).await {
+            Ok(Ok(_)) => tokio::time::sleep(Duration::from_millis(200)).await,
+            _ => break,
+        }
+        assert!(
+            talking.elapsed() < Duration::from_secs(10),
+            "never closed at its age"
+        );
+    }
+    let lived = talking.elapsed();
+    assert!(
+        lived >= Duration::from_millis(2900),
+        "closed after {lived:?}"
+    );
+    assert!(closed_within(&mut patient, Duration::from_secs(3)).await);
+    assert!(opened.elapsed() >= Duration::from_millis(2900));
+    let m = proxy.metrics();
+    assert!(
+        metric_sum(
+            &m,
+            "proxy_connection_closes_total",
+            &[("listener", "capped"), ("reason", "idle")]
+        ) >= 1.0,
+        "{m}"
+    );
+    assert!(
+        metric_sum(
+            &m,
+            "proxy_connection_closes_total",
+            &[("listener", "patient"), ("reason", "max_age")]
+        ) >= 2.0,
+        "{m}"
+    );
+    assert_eq!(
+        metric_sum(
+            &m,
+            "proxy_connection_closes_total",
+            &[("listener", "patient"), ("reason", "idle")]
+        ),
+        0.0,
+        "{m}"
+    );
+}

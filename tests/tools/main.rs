@@ -13,4 +13,5 @@ mod loadgen_compare;
 mod loadgen_merge;
 mod loadgen_power;
 mod loadgen_run;
+mod pgvector;
 mod qdrant_client_rust;

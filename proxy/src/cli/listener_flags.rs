@@ -9,8 +9,8 @@ use std::time::Duration;
 use clap::Args;
 
 use crate::config::{
-    Balance, Config, ConfigError, ErrorBody, HealthCheckKind, ListenerConfig, ListenerMode,
-    ProxyProtocolConfig, TlsVersion, UpstreamProtocol,
+    Balance, ClientProtocol, Config, ConfigError, ErrorBody, HealthCheckKind, ListenerConfig,
+    ListenerMode, ProxyProtocolConfig, TlsVersion, UpstreamProtocol,
 };
 use crate::crypto::KxGroupName;
 
@@ -65,6 +65,10 @@ pub struct ListenerFlags {
     /// http (L7) or tcp (decrypt and splice).
     #[arg(long, value_enum)]
     pub(super) mode: Option<ListenerMode>,
+    /// tcp mode: how clients open their connections: tls (the ClientHello first, the
+    /// default) or postgres (PostgreSQL's SSLRequest, or direct TLS with ALPN postgresql).
+    #[arg(long, value_enum)]
+    pub(super) protocol: Option<ClientProtocol>,
     /// The body of the proxy's own REST error answers: qdrant (Qdrant's envelope, the
     /// default) or text (plain text, for any other database).
     #[arg(long, value_enum, value_name = "SHAPE")]
@@ -186,6 +190,9 @@ impl ListenerFlags {
         }
         if let Some(v) = self.mode {
             l.mode = v;
+        }
+        if let Some(v) = self.protocol {
+            l.protocol = v;
         }
         if let Some(v) = self.error_body {
             l.error_body = v;

@@ -180,6 +180,24 @@ impl ListenerMetrics {
             .inc();
     }
 
+    /// How a client opened a connection to a PostgreSQL listener (a label of
+    /// [`POSTGRES_OPENINGS`](super::POSTGRES_OPENINGS)).
+    pub(crate) fn postgres_opening(&self, opening: &'static str) {
+        self.metrics
+            .postgres_openings
+            .with_label_values(&[&self.listener, opening])
+            .inc();
+    }
+
+    /// Makes every `proxy_postgres_openings_total` series of this listener exist at zero.
+    pub(crate) fn postgres_openings_at_zero(&self) {
+        for opening in super::POSTGRES_OPENINGS {
+            self.metrics
+                .postgres_openings
+                .with_label_values(&[&self.listener, opening]);
+        }
+    }
+
     /// A request refused or cut for the client's fault.
     pub fn client_error(&self, kind: &'static str) {
         self.metrics

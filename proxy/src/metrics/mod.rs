@@ -50,6 +50,19 @@ pub const HANDSHAKE_FAILURE_REASONS: [&str; 9] = [
     "other",
 ];
 
+/// How clients open connections to `protocol = "postgres"` listeners (see `postgres.rs`):
+/// the `opening` label of `proxy_postgres_openings_total`.
+pub const POSTGRES_OPENINGS: [&str; 8] = [
+    "ssl_request",
+    "direct_tls",
+    "cancel_request",
+    "gssenc_refused",
+    "plaintext_refused",
+    "invalid",
+    "eof",
+    "direct_tls_without_alpn",
+];
+
 /// Why the proxy closes a connection itself (see `proxy_connection_closes_total`).
 pub const CLOSE_REASONS: [&str; 6] = [
     "no_first_request",
@@ -210,6 +223,7 @@ pub struct Metrics {
     config_reloads: IntCounterVec,
     upgrades: IntCounterVec,
     connection_closes: IntCounterVec,
+    postgres_openings: IntCounterVec,
     upstream_rejected: IntCounterVec,
     upstream_in_flight: IntGaugeVec,
     client_errors: IntCounterVec,
@@ -364,6 +378,11 @@ impl Metrics {
             "Client connections the proxy closed on a deadline or a limit, by reason (no_first_request, idle, stalled, max_age; reset_flood: rapid reset, more than half of its streams reset by the client within 1 s of opening them; drain_deadline: still open after the drain timeout, closed hard).",
             &["listener", "reason"],
         );
+        let postgres_openings = r.counter_vec(
+            "proxy_postgres_openings_total",
+            "How clients opened connections to protocol = \"postgres\" listeners: ssl_request (answered S), direct_tls (ALPN postgresql), cancel_request (passed on in clear), gssenc_refused (answered N), and those refused: plaintext_refused (answered SQLSTATE 28000), invalid (not PostgreSQL), eof, direct_tls_without_alpn.",
+            &["listener", "opening"],
+        );
         let upstream_rejected = r.counter_vec(
             "proxy_upstream_rejected_total",
             "Requests answered 503 (gRPC RESOURCE_EXHAUSTED) because the upstream already had limits.max_upstream_requests in flight.",
@@ -436,6 +455,7 @@ impl Metrics {
             config_reloads,
             upgrades,
             connection_closes,
+            postgres_openings,
             upstream_rejected,
             upstream_in_flight,
             client_errors,

@@ -11,7 +11,7 @@ use tokio::net::TcpListener;
 use crate::config::{ClientProtocol, Limits, ListenerMode};
 use crate::crypto::qat::{QatError, QatState};
 use crate::crypto::CryptoError;
-use crate::http::{BufferBudget, HttpForwarder};
+use crate::http::{BufferBudget, HttpForwarder, OperatorControls};
 use crate::listener::{bind, ListenerCtx, Mode};
 use crate::metrics::Metrics;
 use crate::plan::{ListenerPlan, Plan};
@@ -84,6 +84,8 @@ pub(crate) struct Shared {
     /// The QAT provider, when active for the listeners that asked for it.
     pub(crate) qat: Option<Arc<QatState>>,
     pub(crate) access_log: Option<Arc<crate::access_log::AccessLog>>,
+    /// Rate limits and per-client connection counts, kept across reloads.
+    pub(crate) rate_limits: Arc<crate::rate_limit::Registry>,
 }
 
 /// One listener of `plan`: its TLS built (QAT proof and fallback included), its socket
@@ -202,6 +204,14 @@ pub(crate) fn listener_ctx(
             lp.security_headers,
             lp.error_body,
             shared.access_log.clone(),
+            OperatorControls {
+                rate_limits: shared.rate_limits.limiters(
+                    &lp.name,
+                    &lp.rate_limits,
+                    &shared.metrics,
+                ),
+                methods: shared.metrics.methods(&lp.name, &lp.method_metrics),
+            },
         ))),
         ListenerMode::Tcp => Mode::Tcp(lp.protocol),
     };
@@ -220,6 +230,11 @@ pub(crate) fn listener_ctx(
         connection_slots: lp
             .max_connections
             .map(|n| Arc::new(tokio::sync::Semaphore::new(n))),
+        client_connections: lp.max_connections_per_client.map(|cap| {
+            shared
+                .rate_limits
+                .client_connections(&lp.name, cap, &shared.metrics)
+        }),
     })
 }
 

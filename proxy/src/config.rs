@@ -11,6 +11,7 @@ use serde::{Deserialize, Serialize};
 use crate::crypto::ProviderName;
 // A listener's TLS and upstream settings are `tls`'s and `upstream`'s types, read here
 // from the file.
+pub use crate::rate_limit::{LimitKey, RateLimitConfig};
 pub use crate::tls::{server_name_matches, HandshakeOffload, TlsPolicy, TlsVersion};
 pub use crate::upstream::{Balance, HealthCheckConfig, HealthCheckKind, UpstreamTlsConfig};
 
@@ -579,6 +580,16 @@ pub struct ListenerConfig {
     /// kernel's queue); unset: only the process-wide `limits.max_connections` applies.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_connections: Option<usize>,
+    /// Open connections per client address at most (the PROXY header's address where the
+    /// listener takes one); beyond it a new connection is closed before its handshake.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_connections_per_client: Option<usize>,
+    /// Metrics per API method (http mode): on by default, the collection label opt-in.
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub method_metrics: crate::metrics::MethodMetricsConfig,
+    /// Request rate limits, each by API key or by client address (http mode).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub rate_limit: Vec<RateLimitConfig>,
     /// This listener's `limits.idle_timeout`; in tcp mode `0s` means never. Unset: the
     /// process-wide one, except on `protocol = "postgres"` listeners, where it is never (a
     /// query that runs for minutes moves no byte, and connection pools keep sessions idle
@@ -621,6 +632,10 @@ pub struct ListenerConfig {
     /// front of Qdrant, `text` in front of any other database.
     #[serde(default)]
     pub error_body: ErrorBody,
+}
+
+fn is_default<T: Default + PartialEq>(value: &T) -> bool {
+    *value == T::default()
 }
 
 impl ListenerConfig {

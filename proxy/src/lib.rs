@@ -54,6 +54,7 @@ pub mod plan;
 pub(crate) mod postgres;
 pub mod proxy_protocol;
 pub(crate) mod rapid_reset;
+pub(crate) mod rate_limit;
 pub mod ratelog;
 pub mod reload;
 pub mod server;

@@ -54,6 +54,8 @@ pub(crate) struct ListenerCtx {
     /// The listener's own connection limit, if it has one (kept across reloads that do
     /// not change it, so connections already open still count).
     pub connection_slots: Option<Arc<Semaphore>>,
+    /// Open connections per client address, where the listener caps them.
+    pub client_connections: Option<Arc<crate::rate_limit::ClientConnections>>,
 }
 
 /// What a listener does with a decrypted stream.
@@ -196,20 +198,16 @@ async fn handle_connection(
             None => return,
         }
     }
+    // The client's cap is checked once its address is known (a balancer's PROXY header
+    // names it), before the handshake spends anything on it.
+    let Ok(_client_slot) = client_slot(&ctx, peer) else {
+        return;
+    };
     // PostgreSQL's clients ask for TLS before they start it (or cancel a query in clear).
     let mut direct_postgres_tls = false;
     if let Mode::Tcp(ClientProtocol::Postgres) = ctx.mode {
-        match postgres_opening(&ctx, &mut stream, peer, deadline).await {
-            Some(crate::postgres::Opening::Tls { direct }) => direct_postgres_tls = direct,
-            Some(crate::postgres::Opening::Cancel(packet)) => {
-                crate::postgres::pass_on_cancel(
-                    packet,
-                    &ctx.upstreams,
-                    ctx.limits.upstream_connect_timeout,
-                )
-                .await;
-                return;
-            }
+        match Box::pin(postgres_opening(&ctx, &mut stream, peer, deadline)).await {
+            Some(direct) => direct_postgres_tls = direct,
             None => return,
         }
     }
@@ -269,47 +267,68 @@ async fn handle_connection(
             }
         }
         Mode::Tcp(_) => {
-            if direct_postgres_tls
-                && tls_stream.get_ref().1.alpn_protocol() != Some(crate::postgres::ALPN)
-            {
-                // As PostgreSQL does: direct TLS that did not name PostgreSQL may be another
-                // protocol's client, talked into connecting here.
-                ctx.metrics.postgres_opening("direct_tls_without_alpn");
-                m.connection_error("postgres_opening");
-                crate::peer_warn!(listener = %ctx.tls.labels.name, %peer, "direct TLS without ALPN \"postgresql\" refused");
-                return;
-            }
-            // The server has nothing to say first in tcp mode: see `acknowledge_finished`.
-            acknowledge_finished(tls_stream.get_ref().0.get_ref());
-            match Box::pin(crate::tcp::splice(
+            Box::pin(splice_connection(
+                &ctx,
                 tls_stream,
-                &ctx.upstreams,
-                ctx.limits.upstream_connect_timeout,
+                direct_postgres_tls,
                 activity,
-                ctx.limits.idle_timeout,
-                ctx.limits.max_connection_age.map(|age| (started, age)),
+                started,
+                peer,
             ))
             .await
-            {
-                Ok(crate::tcp::SpliceEnd::Closed) => {}
-                Ok(crate::tcp::SpliceEnd::Idle) => m.connection_closed("idle"),
-                Ok(crate::tcp::SpliceEnd::MaxAge) => m.connection_closed("max_age"),
-                Err(e @ crate::tcp::SpliceError::Connect { .. }) => {
-                    m.upstream_error("connect");
-                    m.connection_error("upstream_connect");
-                    crate::peer_warn!(listener = %ctx.tls.labels.name, %peer, error = %e, "connection error");
-                }
-                Err(crate::tcp::SpliceError::Copy(e)) => {
-                    if !matches!(
-                        e.kind(),
-                        std::io::ErrorKind::ConnectionReset
-                            | std::io::ErrorKind::BrokenPipe
-                            | std::io::ErrorKind::UnexpectedEof
-                    ) {
-                        m.connection_error("io");
-                        crate::peer_warn!(listener = %ctx.tls.labels.name, %peer, error = %e, "connection error");
-                    }
-                }
+        }
+    }
+}
+
+/// A tcp listener's connection after its handshake: PostgreSQL's ALPN rule for direct TLS,
+/// then the splice to a node until it ends, counted by how it ended.
+async fn splice_connection(
+    ctx: &ListenerCtx,
+    tls_stream: Box<TlsStream<CountingIo<TcpStream>>>,
+    direct_postgres_tls: bool,
+    activity: Arc<Activity>,
+    started: Instant,
+    peer: SocketAddr,
+) {
+    let m = &ctx.metrics;
+    if direct_postgres_tls && tls_stream.get_ref().1.alpn_protocol() != Some(crate::postgres::ALPN)
+    {
+        // As PostgreSQL does: direct TLS that did not name PostgreSQL may be another
+        // protocol's client, talked into connecting here.
+        m.postgres_opening("direct_tls_without_alpn");
+        m.connection_error("postgres_opening");
+        crate::peer_warn!(listener = %ctx.tls.labels.name, %peer, "direct TLS without ALPN \"postgresql\" refused");
+        return;
+    }
+    // The server has nothing to say first in tcp mode: see `acknowledge_finished`.
+    acknowledge_finished(tls_stream.get_ref().0.get_ref());
+    let spliced = crate::tcp::splice(
+        tls_stream,
+        &ctx.upstreams,
+        ctx.limits.upstream_connect_timeout,
+        activity,
+        ctx.limits.idle_timeout,
+        ctx.limits.max_connection_age.map(|age| (started, age)),
+    )
+    .await;
+    match spliced {
+        Ok(crate::tcp::SpliceEnd::Closed) => {}
+        Ok(crate::tcp::SpliceEnd::Idle) => m.connection_closed("idle"),
+        Ok(crate::tcp::SpliceEnd::MaxAge) => m.connection_closed("max_age"),
+        Err(e @ crate::tcp::SpliceError::Connect { .. }) => {
+            m.upstream_error("connect");
+            m.connection_error("upstream_connect");
+            crate::peer_warn!(listener = %ctx.tls.labels.name, %peer, error = %e, "connection error");
+        }
+        Err(crate::tcp::SpliceError::Copy(e)) => {
+            if !matches!(
+                e.kind(),
+                std::io::ErrorKind::ConnectionReset
+                    | std::io::ErrorKind::BrokenPipe
+                    | std::io::ErrorKind::UnexpectedEof
+            ) {
+                m.connection_error("io");
+                crate::peer_warn!(listener = %ctx.tls.labels.name, %peer, error = %e, "connection error");
             }
         }
     }
@@ -351,14 +370,35 @@ async fn handshake(
     }
 }
 
+/// The client's slot under the listener's `max_connections_per_client`: `Err` when it has
+/// that many open already (counted and logged here), `Ok(None)` without a cap.
+fn client_slot(
+    ctx: &ListenerCtx,
+    peer: SocketAddr,
+) -> Result<Option<crate::rate_limit::ClientSlot>, ()> {
+    let Some(table) = &ctx.client_connections else {
+        return Ok(None);
+    };
+    match table.enter(peer.ip()) {
+        Some(slot) => Ok(Some(slot)),
+        None => {
+            ctx.metrics.connection_error("client_connection_limit");
+            crate::peer_warn!(listener = %ctx.tls.labels.name, %peer, "connection refused: the client has max_connections_per_client open");
+            Err(())
+        }
+    }
+}
+
 /// A PostgreSQL client's opening read and answered by `deadline` (shared with the
-/// handshake); `None` when the connection goes no further (counted and logged here).
+/// handshake): `Some(direct)` when the TLS handshake follows (`direct`: without an
+/// SSLRequest), `None` when the connection goes no further (a cancel request passed on, a
+/// refusal counted and logged).
 async fn postgres_opening(
     ctx: &ListenerCtx,
     stream: &mut TcpStream,
     peer: SocketAddr,
     deadline: tokio::time::Instant,
-) -> Option<crate::postgres::Opening> {
+) -> Option<bool> {
     let m = &ctx.metrics;
     let opened = tokio::time::timeout_at(
         deadline,
@@ -370,7 +410,18 @@ async fn postgres_opening(
     match opened {
         Ok(Ok(opening)) => {
             m.postgres_opening(opening.label());
-            Some(opening)
+            match opening {
+                crate::postgres::Opening::Tls { direct } => Some(direct),
+                crate::postgres::Opening::Cancel(packet) => {
+                    crate::postgres::pass_on_cancel(
+                        packet,
+                        &ctx.upstreams,
+                        ctx.limits.upstream_connect_timeout,
+                    )
+                    .await;
+                    None
+                }
+            }
         }
         Ok(Err(e)) => {
             m.postgres_opening(e.label());

@@ -17,8 +17,8 @@ use std::time::Duration;
 use crate::access_log::AccessLogConfig;
 use crate::config::{
     server_name_problem, Balance, ClientProtocol, Config, ConfigError, ErrorBody, HandshakeOffload,
-    HealthCheckConfig, HealthCheckKind, Limits, ListenerMode, UpstreamProtocol, UpstreamTlsConfig,
-    MAX_UPSTREAM_NODES,
+    HealthCheckConfig, HealthCheckKind, Limits, ListenerMode, RateLimitConfig, UpstreamProtocol,
+    UpstreamTlsConfig, MAX_UPSTREAM_NODES,
 };
 use crate::crypto::qat::QatConfig;
 use crate::crypto::ProviderName;
@@ -80,6 +80,12 @@ pub struct ListenerPlan {
     pub protocol: ClientProtocol,
     /// Open connections on this listener at most, beside the process-wide limit.
     pub max_connections: Option<usize>,
+    /// Open connections per client address at most.
+    pub max_connections_per_client: Option<usize>,
+    /// Request rate limits, checked (names unique).
+    pub rate_limits: Vec<RateLimitConfig>,
+    /// Per-method metrics.
+    pub method_metrics: crate::metrics::MethodMetricsConfig,
     /// How long a connection may move nothing before it is closed; `None`: never (tcp
     /// mode only).
     pub idle_timeout: Option<Duration>,
@@ -436,6 +442,66 @@ fn check_tls(
     }
 }
 
+/// The settings that bound a listener's clients: how they open connections (`protocol`),
+/// how many and how long (`max_connections`, `max_connections_per_client`,
+/// `idle_timeout`), how fast (`rate_limit`), and what is counted per method.
+fn check_client_bounds(
+    lc: &crate::config::ListenerConfig,
+    field: &dyn Fn(&str) -> String,
+    problems: &mut Vec<String>,
+) {
+    if lc.protocol != ClientProtocol::Tls && lc.mode != ListenerMode::Tcp {
+        problems.push(format!(
+            "{}: {:?} needs mode = \"tcp\" (the bytes after the handshake are spliced)",
+            field("protocol"),
+            lc.protocol
+        ));
+    }
+    if lc.max_connections == Some(0) {
+        problems.push(format!(
+            "{}: must be at least 1 (leave it unset for no per-listener limit)",
+            field("max_connections")
+        ));
+    }
+    if lc.max_connections_per_client == Some(0) {
+        problems.push(format!(
+            "{}: must be at least 1 (leave it unset for no per-client limit)",
+            field("max_connections_per_client")
+        ));
+    }
+    if lc.mode == ListenerMode::Tcp && !lc.rate_limit.is_empty() {
+        problems.push(format!(
+            "{}: a tcp listener sees no requests; limit its connections per client with max_connections_per_client",
+            field("rate_limit")
+        ));
+    }
+    let mm = &lc.method_metrics;
+    if mm.max_methods == 0 || (mm.collection_label && mm.max_collections == 0) {
+        problems.push(format!(
+            "{}: max_methods and max_collections must be at least 1",
+            field("method_metrics")
+        ));
+    }
+    let mut limit_names = std::collections::BTreeSet::new();
+    for (j, limit) in lc.rate_limit.iter().enumerate() {
+        let at = |f: &str| field(&format!("rate_limit[{j}].{f}"));
+        problems.extend(limit.problems(&at));
+        if !limit_names.insert(limit.display_name()) {
+            problems.push(format!(
+                "{}: {:?} is used twice: give each limit its own name",
+                at("name"),
+                limit.display_name()
+            ));
+        }
+    }
+    if lc.mode == ListenerMode::Http && lc.idle_timeout.is_some_and(|d| d.is_zero()) {
+        problems.push(format!(
+            "{}: must be greater than zero in http mode",
+            field("idle_timeout")
+        ));
+    }
+}
+
 /// Listener `i`, checked; `None` when it has a problem (each pushed to `problems`).
 fn listener_plan(
     config: &Config,
@@ -509,25 +575,7 @@ fn listener_plan(
             .map_err(|e| problems.push(format!("{}: {e}", field("proxy_protocol"))))
             .ok()
     });
-    if lc.protocol != ClientProtocol::Tls && lc.mode != ListenerMode::Tcp {
-        problems.push(format!(
-            "{}: {:?} needs mode = \"tcp\" (the bytes after the handshake are spliced)",
-            field("protocol"),
-            lc.protocol
-        ));
-    }
-    if lc.max_connections == Some(0) {
-        problems.push(format!(
-            "{}: must be at least 1 (leave it unset for no per-listener limit)",
-            field("max_connections")
-        ));
-    }
-    if lc.mode == ListenerMode::Http && lc.idle_timeout.is_some_and(|d| d.is_zero()) {
-        problems.push(format!(
-            "{}: must be greater than zero in http mode",
-            field("idle_timeout")
-        ));
-    }
+    check_client_bounds(lc, &field, problems);
     if lc.mode == ListenerMode::Tcp && lc.upstream_protocol != UpstreamProtocol::Auto {
         problems.push(format!(
             "{}: only meaningful in http mode (this listener is tcp)",
@@ -544,6 +592,9 @@ fn listener_plan(
         mode: lc.mode,
         protocol: lc.protocol,
         max_connections: lc.max_connections,
+        max_connections_per_client: lc.max_connections_per_client,
+        rate_limits: lc.rate_limit.clone(),
+        method_metrics: lc.method_metrics.clone(),
         idle_timeout: match (lc.idle_timeout, lc.protocol) {
             (Some(d), _) => Some(d).filter(|d| !d.is_zero()),
             (None, ClientProtocol::Postgres) => None,

@@ -71,6 +71,7 @@ impl Proxy {
             offload,
             qat,
             access_log,
+            rate_limits: Default::default(),
         };
         let mut listeners = Vec::with_capacity(plan.listeners.len());
         let mut qat_offload_active = shared.qat.is_some();

@@ -11,7 +11,8 @@
 //!   `hostile_framing` (HTTP/2 floods, HTTP/1.1 smuggling), `headers` (forwarded headers,
 //!   CONNECT, framing errors), `proxy_protocol`;
 //! - limits: `limits` (request body and head, every protocol and upstream kind),
-//!   `bounded_resources` (the upstream request cap, the request buffer budget);
+//!   `bounded_resources` (the upstream request cap, the request buffer budget),
+//!   `rate_limits` (per API key and client address, the per-client connection cap);
 //! - upstreams: `upstreams` (nodes, balancing, health checks), `upstream_tls`,
 //!   `upstream_keepalive`, `faults` (upstreams that fail), `grpc` (trailers, streaming,
 //!   gRPC statuses), `gather` (request chunks gathered on their way up);
@@ -42,6 +43,7 @@ mod proxy_protocol;
 mod qat;
 mod qat_engine;
 mod rapid_reset;
+mod rate_limits;
 mod reload;
 mod sni;
 mod soak;

@@ -153,3 +153,84 @@ async fn prometheus_reads_the_admin_port() {
     }
     assert!(queries >= 15, "{queries} dashboard queries");
 }
+
+/// Per-method metrics: REST paths counted by Qdrant's route patterns (an unknown path as
+/// `other`), within `max_methods`; the collection label only when asked, within
+/// `max_collections`; `enabled = false` turns the families off for the listener.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn methods_are_counted_by_route_within_their_bounds() {
+    let upstream = EchoUpstream::start();
+    let (cert, key) = server_cert(proxy::crypto::CertAlgorithmName::EcdsaP256);
+    let dir = temp_dir("method-metrics");
+    let config = dir.join("proxy.toml");
+    let listener = |name: &str, table: &str| {
+        format!(
+            "[[listener]]\nname = \"{name}\"\nlisten = \"127.0.0.1:0\"\nupstream = \"{}\"\ncert = \"{}\"\nkey = \"{}\"\n[listener.method_metrics]\n{table}\n",
+            upstream.url(),
+            cert.display(),
+            key.display()
+        )
+    };
+    std::fs::write(
+        &config,
+        listener(
+            "named",
+            "collection_label = true\nmax_collections = 2\nmax_methods = 3",
+        ) + &listener("quiet", "enabled = false"),
+    )
+    .unwrap();
+    let proxy = ProxyProcess::start_raw(&["--config".to_owned(), config.display().to_string()]);
+    let cfg = client_config(&ClientOpts::default());
+    let named = proxy.listener("named");
+    for (method, path) in [
+        ("PUT", "/collections/a/points"),
+        ("PUT", "/collections/b/points"),
+        ("PUT", "/collections/c/points"),
+        ("POST", "/collections/a/points/search"),
+        ("GET", "/no/such/route"),
+        ("POST", "/collections/a/points/query"),
+    ] {
+        let a = request_bounded(
+            named,
+            cfg.clone(),
+            method,
+            path,
+            &[],
+            Bytes::from_static(b"{}"),
+        )
+        .await
+        .unwrap();
+        assert_eq!(a.status, 200);
+    }
+    request_bounded(
+        proxy.listener("quiet"),
+        cfg,
+        "PUT",
+        "/collections/a/points",
+        &[],
+        Bytes::new(),
+    )
+    .await
+    .unwrap();
+    let m = proxy.metrics();
+    let count = |labels: &[(&str, &str)]| metric_sum(&m, "proxy_method_requests_total", labels);
+    let upsert = ("method", "PUT /collections/{collection_name}/points");
+    assert_eq!(count(&[upsert, ("collection", "a")]), 1.0, "{m}");
+    assert_eq!(count(&[upsert, ("collection", "b")]), 1.0, "{m}");
+    assert_eq!(
+        count(&[upsert, ("collection", "other")]),
+        1.0,
+        "the third collection: {m}"
+    );
+    assert_eq!(
+        count(&[(
+            "method",
+            "POST /collections/{collection_name}/points/search"
+        )]),
+        1.0
+    );
+    // max_methods = 3: upsert, search, other; the query route is counted as other.
+    assert_eq!(count(&[("method", "other")]), 2.0, "{m}");
+    assert!(!m.contains("/no/such/route"), "a raw path reached a label");
+    assert_eq!(count(&[("listener", "quiet")]), 0.0, "{m}");
+}

@@ -16,7 +16,7 @@ use e2e::*;
 use proxy::crypto::{CertAlgorithmName, KxGroupName, ProviderName};
 
 /// Runs a command with a bounded wait; returns (success, stdout + stderr).
-fn run_bounded(cmd: &mut Command, what: &str) -> (bool, String) {
+pub(crate) fn run_bounded(cmd: &mut Command, what: &str) -> (bool, String) {
     let out_path = temp_dir("interop-out").join("out.txt");
     let out = std::fs::File::create(&out_path).expect("output file");
     let mut child = cmd
@@ -113,6 +113,44 @@ fn official_python_client_direct_and_through_the_proxy() {
         "{failures:?}\nproxy logs:\n{}\n{}",
         rest.log_text(),
         grpc.log_text()
+    );
+    // Per-method metrics at their defaults: the client's calls by REST route and gRPC
+    // method, with bytes and latency, and never a raw path or collection name.
+    let upsert_route = [("method", "PUT /collections/{collection_name}/points")];
+    let upsert_call = [("method", "qdrant.Points/Upsert")];
+    for (proxy, method, ok) in [
+        (&rest, &upsert_route, ("status", "200")),
+        (&grpc, &upsert_call, ("grpc_status", "0")),
+    ] {
+        let m = proxy.metrics();
+        let labels = [method[0], ok];
+        assert!(
+            metric_sum(&m, "proxy_method_requests_total", &labels) >= 2.0,
+            "{m}"
+        );
+        for family in [
+            "proxy_method_request_bytes_total",
+            "proxy_method_response_bytes_total",
+        ] {
+            assert!(metric_sum(&m, family, method) > 0.0, "{family}: {m}");
+        }
+        assert!(
+            metric_sum(&m, "proxy_method_request_duration_seconds_count", method) >= 2.0,
+            "{m}"
+        );
+        assert!(
+            !m.contains("interop_"),
+            "a collection name reached a label: {m}"
+        );
+    }
+    let m = grpc.metrics();
+    assert!(
+        metric_sum(
+            &m,
+            "proxy_method_requests_total",
+            &[("method", "qdrant.Collections/Get"), ("grpc_status", "5")]
+        ) >= 1.0,
+        "the missing collection's NOT_FOUND, by method: {m}"
     );
 }
 

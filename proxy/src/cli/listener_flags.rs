@@ -10,7 +10,7 @@ use clap::Args;
 
 use crate::config::{
     Balance, ClientProtocol, Config, ConfigError, ErrorBody, HealthCheckKind, ListenerConfig,
-    ListenerMode, ProxyProtocolConfig, TlsVersion, UpstreamProtocol,
+    ListenerMode, ProxyProtocolConfig, RateLimitConfig, TlsVersion, UpstreamProtocol,
 };
 use crate::crypto::KxGroupName;
 
@@ -65,6 +65,14 @@ pub struct ListenerFlags {
     /// http (L7) or tcp (decrypt and splice).
     #[arg(long, value_enum)]
     pub(super) mode: Option<ListenerMode>,
+    /// A request rate limit: the keys of one `[[listener.rate_limit]]` table, as TOML
+    /// (repeatable; replaces the file's list), e.g.
+    /// `--rate-limit 'key = "client", requests_per_second = 50, burst = 100'`.
+    #[arg(long, value_name = "TOML", value_parser = parse_rate_limit)]
+    pub(super) rate_limit: Vec<RateLimitConfig>,
+    /// Open connections per client address at most.
+    #[arg(long, value_name = "N")]
+    pub(super) max_connections_per_client: Option<usize>,
     /// tcp mode: how clients open their connections: tls (the ClientHello first, the
     /// default) or postgres (PostgreSQL's SSLRequest, or direct TLS with ALPN postgresql).
     #[arg(long, value_enum)]
@@ -90,6 +98,18 @@ pub struct ListenerFlags {
     /// Require client certificates chaining to this CA (mTLS).
     #[arg(long, value_name = "FILE")]
     pub(super) client_ca: Option<PathBuf>,
+}
+
+/// `--rate-limit`'s value: the keys of a `[[listener.rate_limit]]` table, read by the same
+/// definition as the file's.
+fn parse_rate_limit(text: &str) -> Result<RateLimitConfig, String> {
+    #[derive(serde::Deserialize)]
+    struct Inline {
+        limit: RateLimitConfig,
+    }
+    toml::from_str::<Inline>(&format!("limit = {{ {text} }}"))
+        .map(|i| i.limit)
+        .map_err(|e| e.message().to_owned())
 }
 
 impl ListenerFlags {
@@ -194,6 +214,12 @@ impl ListenerFlags {
         if let Some(v) = self.protocol {
             l.protocol = v;
         }
+        if !self.rate_limit.is_empty() {
+            l.rate_limit = self.rate_limit.clone();
+        }
+        if let Some(v) = self.max_connections_per_client {
+            l.max_connections_per_client = Some(v);
+        }
         if let Some(v) = self.error_body {
             l.error_body = v;
         }
@@ -227,6 +253,18 @@ mod tests {
         listener: ListenerFlags,
     }
 
+    /// The flags a listener from flags needs.
+    const REQUIRED: [&str; 8] = [
+        "--listen",
+        "127.0.0.1:6333",
+        "--upstream",
+        "http://q:6333",
+        "--cert",
+        "c.pem",
+        "--key",
+        "k.pem",
+    ];
+
     fn flags(args: &[&str]) -> ListenerFlags {
         Flags::parse_from(std::iter::once("proxy").chain(args.iter().copied())).listener
     }
@@ -234,18 +272,7 @@ mod tests {
     #[test]
     fn a_listener_from_flags_has_the_files_defaults() {
         let mut from_flags = Config::empty();
-        flags(&[
-            "--listen",
-            "127.0.0.1:6333",
-            "--upstream",
-            "http://q:6333",
-            "--cert",
-            "c.pem",
-            "--key",
-            "k.pem",
-        ])
-        .apply(&mut from_flags)
-        .unwrap();
+        flags(&REQUIRED).apply(&mut from_flags).unwrap();
         let from_file: ListenerConfig = toml::from_str(
             "listen = \"127.0.0.1:6333\"\nupstream = \"http://q:6333\"\ncert = \"c.pem\"\nkey = \"k.pem\"",
         )
@@ -280,5 +307,30 @@ mod tests {
         assert_eq!(cfg.listeners[0].error_body, ErrorBody::Text);
         assert_eq!(cfg.listeners[0].mode, ListenerMode::Tcp);
         assert_eq!(cfg.listeners[0].listen, "a:1");
+    }
+
+    #[test]
+    fn rate_limits_are_read_as_the_file_reads_them() {
+        let mut cfg = Config::empty();
+        let required = REQUIRED.iter().copied();
+        flags(&required
+            .chain([
+            "--rate-limit",
+            "key = \"client\", requests_per_second = 50, burst = 100",
+            "--rate-limit",
+            "name = \"bytes\", requests_per_second = 1000, request_bytes_per_second = 50000000",
+            "--max-connections-per-client",
+            "8",
+        ])
+        .collect::<Vec<_>>())
+        .apply(&mut cfg)
+        .unwrap();
+        let l = &cfg.listeners[0];
+        assert_eq!(l.rate_limit.len(), 2);
+        assert_eq!(l.rate_limit[0].key, crate::config::LimitKey::Client);
+        assert_eq!(l.rate_limit[0].burst, Some(100));
+        assert_eq!(l.rate_limit[1].request_bytes_per_second, Some(50_000_000));
+        assert_eq!(l.max_connections_per_client, Some(8));
+        assert!(parse_rate_limit("requests_per_second = \"fast\"").is_err());
     }
 }

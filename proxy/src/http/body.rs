@@ -11,13 +11,13 @@ use std::task::{Context, Poll};
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
-use prometheus::IntGauge;
+use prometheus::{IntCounter, IntGauge};
 use tokio::sync::OwnedSemaphorePermit;
 
 use super::gather::{Gather, Units};
 use crate::access_log::PendingRecord;
 use crate::liveness::{Activity, RequestGuard};
-use crate::metrics::{grpc_status_label, GrpcOutcomes, GRPC_STATUS_NONE};
+use crate::metrics::{grpc_status_label, GrpcOutcomes, MethodHandles, GRPC_STATUS_NONE};
 use crate::upstream::NodeLease;
 
 /// An HTTP/2 request body the upstream stopped reading (it answered early) is read on and
@@ -37,6 +37,8 @@ pub struct CappedBody {
     activity: Arc<Activity>,
     /// The access log's count of request bytes, for logged requests.
     counted: Option<Arc<AtomicU64>>,
+    /// The request's method's byte counter, with per-method metrics on.
+    method_bytes: Option<IntCounter>,
     /// Set when the client went over the limit: an HTTP/2 upstream connection resets the
     /// stream on a body error and reports only its own reset, so the forwarder learns the
     /// cause here (see [`CappedBody::flagging_over_limit`]).
@@ -84,6 +86,7 @@ impl CappedBody {
             remaining: max,
             activity,
             counted: None,
+            method_bytes: None,
             over_limit: None,
             drain_when_abandoned: false,
             gather: None,
@@ -113,6 +116,12 @@ impl CappedBody {
     /// Adds the bytes read to `counter` as well (the access log's `bytes_in`).
     pub fn counting(mut self, counter: Option<&Arc<AtomicU64>>) -> Self {
         self.counted = counter.cloned();
+        self
+    }
+
+    /// Adds the bytes read to the request's method's counter as well.
+    pub fn counting_for_method(mut self, counter: Option<&IntCounter>) -> Self {
+        self.method_bytes = counter.cloned();
         self
     }
 
@@ -155,6 +164,7 @@ impl CappedBody {
             remaining: max,
             activity,
             counted: None,
+            method_bytes: None,
             over_limit: None,
             drain_when_abandoned: false,
             gather: None,
@@ -278,6 +288,9 @@ impl CappedBody {
                     self.remaining -= n;
                     if let Some(c) = &self.counted {
                         c.fetch_add(n, Ordering::Relaxed);
+                    }
+                    if let Some(c) = &self.method_bytes {
+                        c.inc_by(n);
                     }
                 }
                 self.activity.touch();
@@ -409,6 +422,8 @@ pub struct ResponseBody {
     log: Option<PendingRecord>,
     /// A gRPC call's outcome, counted when the body is dropped.
     grpc: Option<GrpcTally>,
+    /// The request's method, whose response bytes this body counts.
+    method: Option<Arc<MethodHandles>>,
 }
 
 /// A gRPC call waiting for its grpc-status (see [`ResponseBody::count_grpc`]).
@@ -417,6 +432,8 @@ struct GrpcTally {
     outcomes: GrpcOutcomes,
     status: http::StatusCode,
     grpc_status: Option<&'static str>,
+    /// Counted by method too, with per-method metrics on.
+    method: Option<Arc<MethodHandles>>,
 }
 
 impl ResponseBody {
@@ -438,6 +455,7 @@ impl ResponseBody {
             _slot: Some(slot),
             log: None,
             grpc: None,
+            method: None,
         }
     }
 
@@ -448,6 +466,7 @@ impl ResponseBody {
             _slot: None,
             log: None,
             grpc: None,
+            method: None,
         }
     }
 
@@ -466,12 +485,19 @@ impl ResponseBody {
         outcomes: &GrpcOutcomes,
         status: http::StatusCode,
         in_head: Option<&'static str>,
+        method: Option<Arc<MethodHandles>>,
     ) {
         self.grpc = Some(GrpcTally {
             outcomes: outcomes.clone(),
             status,
             grpc_status: in_head,
+            method,
         });
+    }
+
+    /// Counts the bytes sent to the client in `method`'s response bytes.
+    pub fn count_bytes(&mut self, method: Arc<MethodHandles>) {
+        self.method = Some(method);
     }
 
     /// Ties the request's guard to this body: the request stays in flight until the body
@@ -497,6 +523,9 @@ impl Drop for ResponseBody {
         if let Some(tally) = self.grpc.take() {
             let grpc_status = tally.grpc_status.unwrap_or(GRPC_STATUS_NONE);
             tally.outcomes.count(tally.status, grpc_status);
+            if let Some(method) = &tally.method {
+                method.count(tally.status, grpc_status);
+            }
             if let Some(log) = &mut self.log {
                 log.set_grpc_status(grpc_status);
             }
@@ -522,8 +551,13 @@ impl Body for ResponseBody {
                 if let Some(r) = &this.request {
                     r.touch();
                 }
-                if let (Some(log), Some(data)) = (&mut this.log, frame.data_ref()) {
-                    log.sent(data.len());
+                if let Some(data) = frame.data_ref() {
+                    if let Some(log) = &mut this.log {
+                        log.sent(data.len());
+                    }
+                    if let Some(method) = &this.method {
+                        method.response_bytes.inc_by(data.len() as u64);
+                    }
                 }
                 if let (Some(tally), Some(trailers)) = (&mut this.grpc, frame.trailers_ref()) {
                     if let Some(v) = trailers.get("grpc-status") {

@@ -46,6 +46,8 @@ pub enum Failure {
     ClientBody,
     /// CONNECT: the proxy forwards requests, it does not open tunnels: 405 / UNIMPLEMENTED.
     MethodNotAllowed,
+    /// Over a listener's rate limit: 429 / RESOURCE_EXHAUSTED, with when to retry.
+    RateLimited,
 }
 
 impl Failure {
@@ -59,6 +61,7 @@ impl Failure {
             Self::Overloaded => StatusCode::SERVICE_UNAVAILABLE,
             Self::ClientBody => StatusCode::BAD_REQUEST,
             Self::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
+            Self::RateLimited => StatusCode::TOO_MANY_REQUESTS,
         }
     }
 
@@ -66,9 +69,10 @@ impl Failure {
         match self {
             Self::UpstreamUnavailable => GrpcCode::Unavailable,
             Self::UpstreamTimeout => GrpcCode::DeadlineExceeded,
-            Self::RequestTooLarge | Self::HeadersTooLarge | Self::Overloaded => {
-                GrpcCode::ResourceExhausted
-            }
+            Self::RequestTooLarge
+            | Self::HeadersTooLarge
+            | Self::Overloaded
+            | Self::RateLimited => GrpcCode::ResourceExhausted,
             Self::Internal => GrpcCode::Internal,
             Self::ClientBody => GrpcCode::InvalidArgument,
             Self::MethodNotAllowed => GrpcCode::Unimplemented,
@@ -78,13 +82,23 @@ impl Failure {
 
 /// Builds the error response for a REST or gRPC client. `message` goes to the client: it
 /// must name nothing internal (no upstream address, no OS error; those go to the log).
+/// `retry_after`, when the client should wait before retrying (a rate limit), becomes
+/// REST's `Retry-After` and gRPC's `grpc-retry-pushback-ms` (which gRPC's retry policy
+/// honours) plus `retry-after` (which qdrant-client's uploader waits for); overloaded
+/// answers say one second.
 pub fn error_response(
     failure: Failure,
     grpc: bool,
     shape: ErrorBody,
     message: &str,
     elapsed_secs: f64,
+    retry_after: Option<std::time::Duration>,
 ) -> Response<ResponseBody> {
+    let retry_after = retry_after
+        .or_else(|| (failure == Failure::Overloaded).then_some(std::time::Duration::from_secs(1)));
+    // Whole seconds, at least one: HTTP's Retry-After has no fractions, and qdrant-client
+    // takes 0 for "no advice".
+    let retry_after_secs = retry_after.map(|d| d.as_secs_f64().ceil().max(1.0) as u64);
     if grpc {
         // Trailers-only response: HTTP 200 with the status in the headers, as gRPC servers
         // answer calls that fail before any message.
@@ -97,6 +111,13 @@ pub fn error_response(
         h.insert("grpc-status", HeaderValue::from(failure.grpc_code() as u16));
         if let Ok(v) = HeaderValue::from_str(&percent_encode(message)) {
             h.insert("grpc-message", v);
+        }
+        if let (Some(d), Some(secs)) = (retry_after, retry_after_secs) {
+            h.insert(
+                "grpc-retry-pushback-ms",
+                HeaderValue::from(d.as_millis().max(1) as u64),
+            );
+            h.insert(header::RETRY_AFTER, HeaderValue::from(secs));
         }
         return resp;
     }
@@ -114,9 +135,9 @@ pub fn error_response(
     *resp.status_mut() = failure.http_status();
     resp.headers_mut()
         .insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
-    if failure == Failure::Overloaded {
+    if let Some(secs) = retry_after_secs {
         resp.headers_mut()
-            .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+            .insert(header::RETRY_AFTER, HeaderValue::from(secs));
     }
     if failure == Failure::MethodNotAllowed {
         resp.headers_mut().insert(
@@ -160,6 +181,7 @@ mod tests {
             ErrorBody::Qdrant,
             "upstream down",
             0.5,
+            None,
         );
         assert_eq!(r.status(), StatusCode::BAD_GATEWAY);
         assert_eq!(r.headers()[header::CONTENT_TYPE], "application/json");
@@ -173,6 +195,7 @@ mod tests {
             ErrorBody::Text,
             "too large",
             0.5,
+            None,
         );
         assert_eq!(r.status(), StatusCode::PAYLOAD_TOO_LARGE);
         assert_eq!(
@@ -185,10 +208,57 @@ mod tests {
     #[test]
     fn grpc_answers_are_trailers_only_whatever_the_rest_shape() {
         for shape in [ErrorBody::Qdrant, ErrorBody::Text] {
-            let r = error_response(Failure::UpstreamTimeout, true, shape, "slow 100%", 0.0);
+            let r = error_response(
+                Failure::UpstreamTimeout,
+                true,
+                shape,
+                "slow 100%",
+                0.0,
+                None,
+            );
             assert_eq!(r.status(), StatusCode::OK);
             assert_eq!(r.headers()["grpc-status"], "4");
             assert_eq!(r.headers()["grpc-message"], "slow 100%25");
         }
+    }
+
+    /// A rate limit's answer says when to come back: 1.2 s is `Retry-After: 2` (whole
+    /// seconds, rounded up) and `grpc-retry-pushback-ms: 1200`; under a second is 1.
+    #[test]
+    fn rate_limited_answers_say_when_to_retry() {
+        let wait = Some(std::time::Duration::from_millis(1200));
+        let r = error_response(
+            Failure::RateLimited,
+            false,
+            ErrorBody::Qdrant,
+            "slow down",
+            0.0,
+            wait,
+        );
+        assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(r.headers()[header::RETRY_AFTER], "2");
+        let r = error_response(
+            Failure::RateLimited,
+            true,
+            ErrorBody::Qdrant,
+            "slow down",
+            0.0,
+            wait,
+        );
+        assert_eq!(r.headers()["grpc-status"], "8");
+        assert_eq!(r.headers()["grpc-retry-pushback-ms"], "1200");
+        assert_eq!(r.headers()[header::RETRY_AFTER], "2");
+        let short = Some(std::time::Duration::from_millis(30));
+        let r = error_response(
+            Failure::RateLimited,
+            false,
+            ErrorBody::Text,
+            "x",
+            0.0,
+            short,
+        );
+        assert_eq!(r.headers()[header::RETRY_AFTER], "1");
+        let r = error_response(Failure::Overloaded, false, ErrorBody::Text, "x", 0.0, None);
+        assert_eq!(r.headers()[header::RETRY_AFTER], "1");
     }
 }

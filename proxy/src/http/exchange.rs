@@ -36,6 +36,8 @@ use super::{ForwardService, HttpForwarder};
 use crate::access_log::PendingRecord;
 use crate::config::UpstreamProtocol;
 use crate::error_chain;
+use crate::metrics::MethodHandles;
+use crate::rate_limit::{Limited, Limiter, Ticket};
 use crate::upstream::NodeLease;
 
 /// Oversized HTTP/1.1 bodies up to this size are read and discarded before the 413 so the
@@ -49,6 +51,8 @@ const LINGER_DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
 pub(super) struct Refusal {
     failure: Failure,
     message: Cow<'static, str>,
+    /// When the client may try again (a rate limit's answer).
+    retry_after: Option<Duration>,
 }
 
 impl Refusal {
@@ -56,6 +60,33 @@ impl Refusal {
         Self {
             failure,
             message: message.into(),
+            retry_after: None,
+        }
+    }
+}
+
+impl From<Limited> for Refusal {
+    fn from(limited: Limited) -> Self {
+        Self {
+            failure: Failure::RateLimited,
+            message: limited.message.into(),
+            retry_after: Some(limited.retry_after),
+        }
+    }
+}
+
+/// The byte buckets a body of unknown length is charged to once it has been read: when the
+/// exchange ends, with what the counter saw.
+struct ByteCharges {
+    tickets: Vec<(Arc<Limiter>, Ticket)>,
+    counted: Arc<AtomicU64>,
+}
+
+impl Drop for ByteCharges {
+    fn drop(&mut self) {
+        let bytes = self.counted.load(Ordering::Relaxed);
+        for (limiter, ticket) in &self.tickets {
+            limiter.charge_bytes(*ticket, bytes);
         }
     }
 }
@@ -93,6 +124,8 @@ pub(super) struct Admitted {
     slot: UpstreamSlot,
     use_h2c: bool,
     grpc: bool,
+    /// Byte limits a body of unknown length is charged to (`None` almost always).
+    byte_charges: Option<Vec<(Arc<Limiter>, Ticket)>>,
 }
 
 /// The client's head rewritten for the upstream; the URI is set per attempt.
@@ -153,6 +186,7 @@ impl UpstreamHead {
         let BodyWatch {
             bytes_in,
             over_limit,
+            method_bytes,
         } = watch;
         let uri = Uri::builder()
             .scheme(lease.addr().scheme())
@@ -167,6 +201,7 @@ impl UpstreamHead {
             let (capped, back) = CappedBody::returnable(body, max_body, activity);
             let capped = capped
                 .counting(bytes_in)
+                .counting_for_method(method_bytes)
                 .flagging_over_limit(over_limit)
                 .draining_when_abandoned(self.client_is_h2)
                 .gathering(self.grpc, self.gather_max);
@@ -182,6 +217,7 @@ impl UpstreamHead {
             head.uri = uri;
             let capped = CappedBody::new(body, max_body, activity)
                 .counting(bytes_in)
+                .counting_for_method(method_bytes)
                 .flagging_over_limit(over_limit)
                 .draining_when_abandoned(self.client_is_h2)
                 .gathering(self.grpc, self.gather_max);
@@ -195,6 +231,8 @@ impl UpstreamHead {
 struct BodyWatch<'a> {
     bytes_in: Option<&'a Arc<AtomicU64>>,
     over_limit: Option<&'a Arc<AtomicBool>>,
+    /// The request's method's byte counter (per-method metrics).
+    method_bytes: Option<&'a prometheus::IntCounter>,
 }
 
 impl HttpForwarder {
@@ -207,9 +245,10 @@ impl HttpForwarder {
         client: &ForwardService,
         started: Instant,
         log: Option<&mut PendingRecord>,
+        method: Option<&Arc<MethodHandles>>,
     ) -> Response<ResponseBody> {
         let answered = match self.admit(req, grpc, client) {
-            Ok(admitted) => self.send(admitted, client, log).await,
+            Ok(admitted) => self.send(admitted, client, log, method).await,
             Err(Refused { refusal, unread }) => {
                 if let Some(body) = unread {
                     linger(body).await;
@@ -224,6 +263,7 @@ impl HttpForwarder {
                 self.error_body,
                 &r.message,
                 started.elapsed().as_secs_f64(),
+                r.retry_after,
             )
         })
     }
@@ -270,7 +310,8 @@ impl HttpForwarder {
             )));
         }
         let max_body = self.limits.max_request_body_bytes;
-        if let Some(len) = content_length(req.headers()).filter(|len| *len > max_body) {
+        let length = content_length(req.headers());
+        if let Some(len) = length.filter(|len| *len > max_body) {
             // An HTTP/1.1 client is still writing the body it announced: closing now would
             // reset the connection under it and it would never read the 413. Read and
             // discard a bounded amount first (nginx's lingering close); HTTP/2 cancels the
@@ -289,6 +330,7 @@ impl HttpForwarder {
                 unread,
             });
         }
+        let byte_charges = self.rate_limited(&req, length, client)?;
         // At the cap the answer is immediate: queueing would hold the client's slot and
         // body while the upstream is already saturated.
         let Ok(permit) = self.upstream_slots.clone().try_acquire_owned() else {
@@ -311,7 +353,32 @@ impl HttpForwarder {
             slot,
             use_h2c,
             grpc,
+            byte_charges,
         })
+    }
+
+    /// The listener's rate limits, each asked in turn; the byte limits a body of unknown
+    /// length is charged to after it has been read.
+    #[allow(clippy::type_complexity)]
+    fn rate_limited(
+        &self,
+        req: &Request<Incoming>,
+        length: Option<u64>,
+        client: &ForwardService,
+    ) -> Result<Option<Vec<(Arc<Limiter>, Ticket)>>, Refused> {
+        let mut later = None;
+        let unknown_length = length.is_none() && !http_body::Body::is_end_stream(req.body());
+        for limiter in &self.controls.rate_limits {
+            let ticket = limiter
+                .admit(req.headers(), client.peer_addr, length)
+                .map_err(|limited| Refused::from(Refusal::from(limited)))?;
+            if unknown_length && limiter.limits_bytes() {
+                later
+                    .get_or_insert_with(Vec::new)
+                    .push((limiter.clone(), ticket));
+            }
+        }
+        Ok(later)
     }
 
     /// Stages 2 and 3: the head rewritten, then sent to a node; only a failed connect,
@@ -321,6 +388,7 @@ impl HttpForwarder {
         admitted: Admitted,
         client: &ForwardService,
         mut log: Option<&mut PendingRecord>,
+        method: Option<&Arc<MethodHandles>>,
     ) -> Result<Response<ResponseBody>, Refusal> {
         let Admitted {
             parts,
@@ -328,7 +396,18 @@ impl HttpForwarder {
             mut slot,
             use_h2c,
             grpc,
+            byte_charges,
         } = admitted;
+        // Charged when this exchange ends, however it ends: the log's byte count where
+        // there is one, else a counter of its own.
+        let byte_charges = byte_charges.map(|tickets| ByteCharges {
+            tickets,
+            counted: log
+                .as_deref()
+                .map(PendingRecord::bytes_in)
+                .cloned()
+                .unwrap_or_default(),
+        });
         // Held body pieces are the chunk in hand the request buffer budget counts for every
         // upstream request: never more than it.
         let gather_max = usize::try_from(self.limits.upstream_chunk_floor()).unwrap_or(usize::MAX);
@@ -367,8 +446,12 @@ impl HttpForwarder {
                 self.limits.max_request_body_bytes,
                 client,
                 BodyWatch {
-                    bytes_in: log.as_deref().map(PendingRecord::bytes_in),
+                    bytes_in: byte_charges
+                        .as_ref()
+                        .map(|c| &c.counted)
+                        .or(log.as_deref().map(PendingRecord::bytes_in)),
                     over_limit: over_limit.as_ref(),
+                    method_bytes: method.map(|m| &m.request_bytes),
                 },
             )?;
             let sent = Instant::now();

@@ -97,9 +97,20 @@ pub struct HttpForwarder {
     error_body: ErrorBody,
     metrics: ListenerMetrics,
     access_log: Option<Arc<AccessLog>>,
+    /// The listener's rate limits and per-method metrics.
+    controls: OperatorControls,
     /// The listener's name as access log records share it (one allocation, not one per
     /// connection).
     log_name: Arc<str>,
+}
+
+/// What operators set per listener beyond forwarding: its rate limits, asked in order at
+/// admission, and its per-method metrics (`None`: off).
+pub(crate) struct OperatorControls {
+    /// `[[listener.rate_limit]]`, kept across reloads by the registry that made them.
+    pub rate_limits: Vec<Arc<crate::rate_limit::Limiter>>,
+    /// `[listener.method_metrics]`.
+    pub methods: Option<Arc<crate::metrics::MethodMetrics>>,
 }
 
 /// What the TLS handshake of a connection established, for its access log lines.
@@ -117,7 +128,7 @@ impl HttpForwarder {
     /// Builds the pooled upstream clients for one listener. `trusted` proxies may set
     /// X-Forwarded-For; everybody else's is replaced.
     #[allow(clippy::too_many_arguments)]
-    pub fn new(
+    pub(crate) fn new(
         pool: Arc<UpstreamPool>,
         protocol: UpstreamProtocol,
         idle_timeout: Duration,
@@ -128,6 +139,7 @@ impl HttpForwarder {
         security_headers: bool,
         error_body: ErrorBody,
         access_log: Option<Arc<AccessLog>>,
+        controls: OperatorControls,
     ) -> Self {
         let mut connector = HttpConnector::new();
         connector.set_nodelay(true);
@@ -191,6 +203,7 @@ impl HttpForwarder {
             log_name: Arc::from(metrics.name()),
             metrics,
             access_log,
+            controls,
         }
     }
 
@@ -219,6 +232,7 @@ impl HttpForwarder {
             peer_ip: HeaderValue::from_str(&peer.ip().to_string())
                 .expect("an IP address is a valid header value"),
             peer_trusted: self.trusted.contains(peer.ip()),
+            peer_addr: peer.ip(),
             client_protocol: if h2 { "h2" } else { "http1" },
             activity: activity.clone(),
             // Only connections whose requests may be logged pay for this.
@@ -476,8 +490,13 @@ impl HttpForwarder {
         if let Some(log) = &mut log {
             log.set_request_id(request_id);
         }
+        let method = self
+            .controls
+            .methods
+            .as_ref()
+            .map(|m| m.resolve(req.method(), req.uri().path(), grpc));
         let mut resp = self
-            .exchange(req, grpc, client, started, log.as_mut())
+            .exchange(req, grpc, client, started, log.as_mut(), method.as_ref())
             .await;
         if self.security_headers {
             let h = resp.headers_mut();
@@ -488,6 +507,12 @@ impl HttpForwarder {
         }
         self.metrics
             .request(protocol_label, resp.status(), started.elapsed());
+        if let Some(method) = &method {
+            method.seconds.observe(started.elapsed().as_secs_f64());
+            if !grpc {
+                method.count(resp.status(), "");
+            }
+        }
         if grpc {
             // A trailers-only answer (an error, usually) carries its status in the head.
             let in_head = resp
@@ -495,8 +520,15 @@ impl HttpForwarder {
                 .get("grpc-status")
                 .map(|v| crate::metrics::grpc_status_label(v.as_bytes()));
             let status = resp.status();
-            resp.body_mut()
-                .count_grpc(self.metrics.grpc_outcomes(), status, in_head);
+            resp.body_mut().count_grpc(
+                self.metrics.grpc_outcomes(),
+                status,
+                in_head,
+                method.clone(),
+            );
+        }
+        if let Some(method) = method {
+            resp.body_mut().count_bytes(method);
         }
         let bodiless = head_only
             || resp.status() == http::StatusCode::NO_CONTENT
@@ -516,6 +548,8 @@ struct ForwardService {
     forwarder: Arc<HttpForwarder>,
     peer_ip: HeaderValue,
     peer_trusted: bool,
+    /// The client's address (a trusted balancer's PROXY header's), for rate limits.
+    peer_addr: std::net::IpAddr,
     client_protocol: &'static str,
     activity: Arc<Activity>,
     /// For the access log; `None` when it is off.

@@ -6,11 +6,16 @@
 
 use std::sync::Arc;
 
+mod controls;
 mod listener;
+mod methods;
 mod process;
 mod qat;
+mod routes;
 
+pub use controls::RateLimitMetrics;
 pub use listener::{grpc_status_label, GrpcOutcomes, ListenerMetrics, GRPC_STATUS_NONE};
+pub use methods::{MethodHandles, MethodMetrics, MethodMetricsConfig};
 pub use qat::QatMetrics;
 
 use process::ProcessMetrics;
@@ -236,6 +241,14 @@ pub struct Metrics {
     access_log: [IntCounter; 3],
     sni_certificates: IntGaugeVec,
     process: ProcessMetrics,
+    controls: controls::ControlVecs,
+    methods: methods::MethodVecs,
+    /// Each listener's per-method metrics, kept across reloads (see [`Metrics::methods`]).
+    methods_by_listener: Arc<
+        std::sync::Mutex<
+            std::collections::HashMap<String, std::sync::Weak<methods::MethodMetrics>>,
+        >,
+    >,
     qat: std::sync::Arc<std::sync::OnceLock<QatMetrics>>,
 }
 
@@ -434,6 +447,8 @@ impl Metrics {
         .map(|(name, help)| r.counter(name, help));
 
         let process = ProcessMetrics::register(&registry);
+        let controls = controls::ControlVecs::register(&r);
+        let methods = methods::MethodVecs::register(&r);
         Self {
             registry,
             handshakes,
@@ -468,6 +483,9 @@ impl Metrics {
             access_log,
             sni_certificates,
             process,
+            controls,
+            methods,
+            methods_by_listener: Default::default(),
             qat: Default::default(),
         }
     }

@@ -64,7 +64,11 @@ fn shipped_prometheus_config_and_rules_pass_promtool() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn prometheus_reads_the_admin_port() {
     let upstream = EchoUpstream::start();
-    let proxy = ProxyProcess::in_front_of(&upstream.url(), &[]);
+    // A rate limit that refuses nothing: its series exist (at zero) for the dashboard's panel.
+    let proxy = ProxyProcess::in_front_of(
+        &upstream.url(),
+        &["--rate-limit", "requests_per_second = 1000"],
+    );
     // Traffic that fills every family with a sample: three good requests on new
     // connections (handshakes, requests, bytes) and a plaintext client (a handshake error).
     let cfg = client_config(&ClientOpts::default());

@@ -336,3 +336,31 @@ async fn a_client_gets_its_cap_of_connections() {
         ) >= 1.0
     );
 }
+
+/// The per-client cap holds on tcp listeners too (PostgreSQL's among them): the client's
+/// second connection is closed before its handshake, another address's is served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tcp_listeners_cap_a_clients_connections_too() {
+    let upstream = EchoUpstream::start();
+    let proxy = ProxyProcess::in_front_of(
+        &format!("tcp://{}", upstream.addr),
+        &["--mode", "tcp", "--max-connections-per-client", "1"],
+    );
+    let cfg = client_config(&ClientOpts {
+        alpn: vec![],
+        ..ClientOpts::default()
+    });
+    let _first = tls_connect(proxy.addr, cfg.clone()).await.unwrap();
+    assert!(tls_connect(proxy.addr, cfg.clone()).await.is_err());
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind(SocketAddr::new(NEIGHBOUR, 0)).unwrap();
+    let tcp = socket.connect(proxy.addr).await.unwrap();
+    tokio_rustls::TlsConnector::from(cfg)
+        .connect(
+            rustls::pki_types::ServerName::try_from("localhost").unwrap(),
+            tcp,
+        )
+        .await
+        .expect("another address is served");
+    assert_eq!(limited(&proxy, &[("kind", "connections")]), 1.0);
+}

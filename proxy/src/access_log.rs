@@ -122,6 +122,13 @@ pub struct Record {
     /// The request's `x-request-id`, as the client sent it or as the proxy added it.
     #[serde(serialize_with = "header_opt")]
     pub request_id: Option<http::HeaderValue>,
+    /// The W3C trace the request belongs to (its `traceparent`, as the client sent it or as
+    /// the proxy started it), as 32 hex digits.
+    #[serde(
+        skip_serializing_if = "Option::is_none",
+        serialize_with = "display_opt"
+    )]
+    pub trace_id: Option<opentelemetry::trace::TraceId>,
     /// Request body bytes received.
     pub bytes_in: u64,
     /// Response body bytes sent.
@@ -205,6 +212,13 @@ impl PendingRecord {
     pub fn set_request_id(&mut self, id: http::HeaderValue) {
         if let Some(r) = &mut self.record {
             r.request_id = Some(id);
+        }
+    }
+
+    /// The trace the request belongs to.
+    pub fn set_trace_id(&mut self, id: Option<opentelemetry::trace::TraceId>) {
+        if let Some(r) = &mut self.record {
+            r.trace_id = id;
         }
     }
 
@@ -331,6 +345,7 @@ impl AccessLog {
             status: 0,
             grpc_status: None,
             request_id: None,
+            trace_id: None,
             bytes_in: 0,
             bytes_out: 0,
             duration_ms: 0.0,
@@ -518,6 +533,9 @@ pub fn format_line(r: &Record, format: AccessLogFormat, out: &mut Vec<u8>) {
             if let Some(code) = r.grpc_status {
                 let _ = write!(out, " grpc_status={code}");
             }
+            if let Some(id) = &r.trace_id {
+                let _ = write!(out, " trace_id={id}");
+            }
             if let Some(id) = &r.request_id {
                 // The client's bytes: escaped like the request line, so no line is forged.
                 let _ = write!(
@@ -546,6 +564,7 @@ mod tests {
             status: 200,
             grpc_status: None,
             request_id: Some(http::HeaderValue::from_static("req-7")),
+            trace_id: None,
             bytes_in: 812_345,
             bytes_out: 91,
             duration_ms: 12.5,

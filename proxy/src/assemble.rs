@@ -86,6 +86,8 @@ pub(crate) struct Shared {
     pub(crate) access_log: Option<Arc<crate::access_log::AccessLog>>,
     /// Rate limits and per-client connection counts, kept across reloads.
     pub(crate) rate_limits: Arc<crate::rate_limit::Registry>,
+    /// `[otel]`, for the process's life (a change needs a restart).
+    pub(crate) tracer: Option<Arc<crate::trace::Tracer>>,
 }
 
 /// One listener of `plan`: its TLS built (QAT proof and fallback included), its socket
@@ -211,6 +213,7 @@ pub(crate) fn listener_ctx(
                     &shared.metrics,
                 ),
                 methods: shared.metrics.methods(&lp.name, &lp.method_metrics),
+                tracer: shared.tracer.clone(),
             },
         ))),
         ListenerMode::Tcp => Mode::Tcp(lp.protocol),

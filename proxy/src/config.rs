@@ -149,6 +149,9 @@ pub struct Config {
     /// The OpenSSL + QAT provider (`openssl-qat` listeners only).
     #[serde(default)]
     pub qat: crate::crypto::qat::QatConfig,
+    /// `[otel]`: W3C trace context and OpenTelemetry span export (off by default).
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub otel: crate::trace::OtelConfig,
     /// Client-facing listeners.
     #[serde(default, rename = "listener")]
     pub listeners: Vec<ListenerConfig>,

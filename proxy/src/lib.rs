@@ -21,8 +21,11 @@
 //!   health checks and upstream TLS; [`liveness`] what connection deadlines read and byte
 //!   accounting; `rapid_reset` premature stream resets counted and the flood flag they
 //!   raise;
-//! - [`admin`] /metrics, /healthz, /readyz and the switch API; [`metrics`] every metric;
-//!   [`access_log`] one line per request; [`ratelog`] rate-limited peer log lines;
+//! - `rate_limit` request rate limits per API key and client address, the per-client
+//!   connection cap; `trace` W3C trace context and OpenTelemetry spans over OTLP;
+//! - [`admin`] /metrics, /healthz, /readyz and the switch API; [`metrics`] every metric
+//!   (per API method too); [`access_log`] one line per request; [`ratelog`] rate-limited
+//!   peer log lines;
 //! - [`allocator`] the C allocator's thresholds, so connections reuse freed buffers;
 //! - `fuzzing` (hidden) the fuzz targets' entry points, with the invariants they check;
 //! - [`launch`] starting a `proxy run` process from typed settings and reading its ready
@@ -61,6 +64,7 @@ pub mod server;
 pub mod switch;
 pub mod tcp;
 pub mod tls;
+pub(crate) mod trace;
 pub mod trust;
 pub mod upgrade;
 pub mod upstream;

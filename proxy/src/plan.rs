@@ -46,6 +46,8 @@ pub struct Plan {
     pub trusted: TrustedProxies,
     /// The access log.
     pub access_log: AccessLogConfig,
+    /// Trace context and span export.
+    pub otel: crate::trace::OtelConfig,
     /// How often certificate and key files are checked for replacement (zero: never).
     pub cert_watch_interval: Duration,
 }
@@ -145,6 +147,7 @@ impl Plan {
         }
         limits_problems(&config.limits, &mut problems);
         problems.extend(config.access_log.problems());
+        problems.extend(config.otel.problems());
         let mut names = std::collections::HashSet::new();
         let mut listeners = Vec::with_capacity(config.listeners.len());
         for i in 0..config.listeners.len() {
@@ -162,6 +165,7 @@ impl Plan {
                 qat: uses_qat.then(|| config.qat.clone()),
                 trusted,
                 access_log: config.access_log.clone(),
+                otel: config.otel.clone(),
                 cert_watch_interval: config.cert_watch_interval,
             }),
             _ => Err(ConfigError { problems }),

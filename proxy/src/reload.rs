@@ -359,6 +359,7 @@ fn warn_restart_only(old: &Plan, new: &Plan) {
     );
     check("qat", format!("{:?}", old.qat) != format!("{:?}", new.qat));
     check("access_log", old.access_log != new.access_log);
+    check("otel", old.otel != new.otel);
     check(
         "cert_watch_interval",
         old.cert_watch_interval != new.cert_watch_interval,

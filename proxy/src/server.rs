@@ -65,6 +65,7 @@ impl Proxy {
         if access_log.is_some() {
             tracing::info!(target = %plan.access_log.target, format = ?plan.access_log.format, sample = plan.access_log.sample, "access log on");
         }
+        let tracer = crate::trace::Tracer::new(&plan.otel, &metrics).map(Arc::new);
         let mut shared = Shared {
             metrics,
             budget,
@@ -72,6 +73,7 @@ impl Proxy {
             qat,
             access_log,
             rate_limits: Default::default(),
+            tracer,
         };
         let mut listeners = Vec::with_capacity(plan.listeners.len());
         let mut qat_offload_active = shared.qat.is_some();

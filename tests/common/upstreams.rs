@@ -143,6 +143,8 @@ async fn echo(req: Request<Incoming>) -> Result<Response<Full<Bytes>>, Infallibl
         "connection": header("connection"),
         "x-test": header("x-test"),
         "x-request-id": header("x-request-id"),
+        "traceparent": header("traceparent"),
+        "tracestate": header("tracestate"),
     });
     let method = req.method().to_string();
     let version = format!("{:?}", req.version());

@@ -18,7 +18,7 @@
 //!   gRPC statuses), `gather` (request chunks gathered on their way up);
 //! - operation: `lifecycle` (start-up, shutdown, drain), `upgrade` (the in-place upgrade
 //!   on SIGUSR2 under load), `reload` (SIGHUP, certificate watch), `switch` (the run-time provider switch), `admin`, `metrics` (with a real
-//!   Prometheus), `logs` (access log, rate-limited error log), `soak` (`--ignored`).
+//!   Prometheus), `otel` (trace context and OTLP spans), `logs` (access log, rate-limited error log), `soak` (`--ignored`).
 //!
 //! Shared here: `h2_raw` (HTTP/2 frames by hand) and `counting_upstream`; everything the
 //! other binaries share too is in `common/` (the crate `e2e`).
@@ -39,6 +39,7 @@ mod limits;
 mod logs;
 mod matrix;
 mod metrics;
+mod otel;
 mod proxy_protocol;
 mod qat;
 mod qat_engine;

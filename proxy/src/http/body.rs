@@ -18,6 +18,7 @@ use super::gather::{Gather, Units};
 use crate::access_log::PendingRecord;
 use crate::liveness::{Activity, RequestGuard};
 use crate::metrics::{grpc_status_label, GrpcOutcomes, MethodHandles, GRPC_STATUS_NONE};
+use crate::trace::{SpanRecord, Tracer};
 use crate::upstream::NodeLease;
 
 /// An HTTP/2 request body the upstream stopped reading (it answered early) is read on and
@@ -424,6 +425,18 @@ pub struct ResponseBody {
     grpc: Option<GrpcTally>,
     /// The request's method, whose response bytes this body counts.
     method: Option<Arc<MethodHandles>>,
+    /// The request's span, finished and queued when this body ends.
+    span: Option<Box<SpanTally>>,
+}
+
+/// A request's span waiting for its response's end.
+#[derive(Debug)]
+struct SpanTally {
+    span: Box<SpanRecord>,
+    tracer: Arc<Tracer>,
+    status: http::StatusCode,
+    bytes_in: Option<Arc<AtomicU64>>,
+    bytes_out: u64,
 }
 
 /// A gRPC call waiting for its grpc-status (see [`ResponseBody::count_grpc`]).
@@ -456,6 +469,7 @@ impl ResponseBody {
             log: None,
             grpc: None,
             method: None,
+            span: None,
         }
     }
 
@@ -467,6 +481,7 @@ impl ResponseBody {
             log: None,
             grpc: None,
             method: None,
+            span: None,
         }
     }
 
@@ -495,6 +510,24 @@ impl ResponseBody {
         });
     }
 
+    /// Finishes `span` when this body ends: the response's status (and grpc-status), the
+    /// body sizes (the request's from `bytes_in`), then queued to `tracer`'s exporter.
+    pub fn finish_span(
+        &mut self,
+        span: Box<SpanRecord>,
+        tracer: Arc<Tracer>,
+        status: http::StatusCode,
+        bytes_in: Option<Arc<AtomicU64>>,
+    ) {
+        self.span = Some(Box::new(SpanTally {
+            span,
+            tracer,
+            status,
+            bytes_in,
+            bytes_out: 0,
+        }));
+    }
+
     /// Counts the bytes sent to the client in `method`'s response bytes.
     pub fn count_bytes(&mut self, method: Arc<MethodHandles>) {
         self.method = Some(method);
@@ -520,6 +553,16 @@ impl ResponseBody {
 
 impl Drop for ResponseBody {
     fn drop(&mut self) {
+        if let Some(mut t) = self.span.take() {
+            let grpc_status = self
+                .grpc
+                .as_ref()
+                .map(|g| g.grpc_status.unwrap_or(GRPC_STATUS_NONE));
+            let bytes_in = t.bytes_in.as_ref().map_or(0, |b| b.load(Ordering::Relaxed));
+            t.span
+                .answered(t.status, grpc_status, (bytes_in, t.bytes_out));
+            t.tracer.finish(t.span);
+        }
         if let Some(tally) = self.grpc.take() {
             let grpc_status = tally.grpc_status.unwrap_or(GRPC_STATUS_NONE);
             tally.outcomes.count(tally.status, grpc_status);
@@ -557,6 +600,9 @@ impl Body for ResponseBody {
                     }
                     if let Some(method) = &this.method {
                         method.response_bytes.inc_by(data.len() as u64);
+                    }
+                    if let Some(span) = &mut this.span {
+                        span.bytes_out += data.len() as u64;
                     }
                 }
                 if let (Some(tally), Some(trailers)) = (&mut this.grpc, frame.trailers_ref()) {

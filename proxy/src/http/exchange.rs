@@ -226,6 +226,15 @@ impl UpstreamHead {
     }
 }
 
+/// Who follows a request through its exchange: its access log record, its method's
+/// metrics, its byte count (shared by the log, the span and the byte limits) and its span.
+pub(super) struct RequestWatch<'a> {
+    pub log: Option<&'a mut PendingRecord>,
+    pub method: Option<&'a Arc<MethodHandles>>,
+    pub bytes_in: Option<&'a Arc<AtomicU64>>,
+    pub span: Option<&'a mut crate::trace::SpanRecord>,
+}
+
 /// What watches a request body on its way up: the access log's byte count, and the flag
 /// its going over the limit sets (see `CappedBody::flagging_over_limit`).
 struct BodyWatch<'a> {
@@ -244,11 +253,10 @@ impl HttpForwarder {
         grpc: bool,
         client: &ForwardService,
         started: Instant,
-        log: Option<&mut PendingRecord>,
-        method: Option<&Arc<MethodHandles>>,
+        watch: RequestWatch<'_>,
     ) -> Response<ResponseBody> {
         let answered = match self.admit(req, grpc, client) {
-            Ok(admitted) => self.send(admitted, client, log, method).await,
+            Ok(admitted) => self.send(admitted, client, watch).await,
             Err(Refused { refusal, unread }) => {
                 if let Some(body) = unread {
                     linger(body).await;
@@ -387,9 +395,14 @@ impl HttpForwarder {
         &self,
         admitted: Admitted,
         client: &ForwardService,
-        mut log: Option<&mut PendingRecord>,
-        method: Option<&Arc<MethodHandles>>,
+        watch: RequestWatch<'_>,
     ) -> Result<Response<ResponseBody>, Refusal> {
+        let RequestWatch {
+            mut log,
+            method,
+            bytes_in,
+            mut span,
+        } = watch;
         let Admitted {
             parts,
             mut body,
@@ -398,15 +411,12 @@ impl HttpForwarder {
             grpc,
             byte_charges,
         } = admitted;
-        // Charged when this exchange ends, however it ends: the log's byte count where
-        // there is one, else a counter of its own.
-        let byte_charges = byte_charges.map(|tickets| ByteCharges {
+        // Charged when this exchange ends, however it ends, with the request's byte count
+        // (there is one on a listener with byte limits).
+        // Named so that it lives to the end of this function, where it charges.
+        let _charged_at_end = byte_charges.map(|tickets| ByteCharges {
             tickets,
-            counted: log
-                .as_deref()
-                .map(PendingRecord::bytes_in)
-                .cloned()
-                .unwrap_or_default(),
+            counted: bytes_in.cloned().unwrap_or_default(),
         });
         // Held body pieces are the chunk in hand the request buffer budget counts for every
         // upstream request: never more than it.
@@ -446,10 +456,7 @@ impl HttpForwarder {
                 self.limits.max_request_body_bytes,
                 client,
                 BodyWatch {
-                    bytes_in: byte_charges
-                        .as_ref()
-                        .map(|c| &c.counted)
-                        .or(log.as_deref().map(PendingRecord::bytes_in)),
+                    bytes_in,
                     over_limit: over_limit.as_ref(),
                     method_bytes: method.map(|m| &m.request_bytes),
                 },
@@ -464,6 +471,9 @@ impl HttpForwarder {
                 Ok(Ok(resp)) => {
                     self.metrics
                         .upstream_response(if use_h2c { "h2c" } else { "http1" }, sent.elapsed());
+                    if let Some(span) = span.as_deref_mut() {
+                        span.upstream_answered(&lease.addr().authority, sent.elapsed());
+                    }
                     self.pool.connected(&lease);
                     slot.hold(lease);
                     let (mut parts, body) = resp.into_parts();

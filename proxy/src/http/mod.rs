@@ -111,6 +111,8 @@ pub(crate) struct OperatorControls {
     pub rate_limits: Vec<Arc<crate::rate_limit::Limiter>>,
     /// `[listener.method_metrics]`.
     pub methods: Option<Arc<crate::metrics::MethodMetrics>>,
+    /// `[otel]`: trace context and spans (`None`: off).
+    pub tracer: Option<Arc<crate::trace::Tracer>>,
 }
 
 /// What the TLS handshake of a connection established, for its access log lines.
@@ -233,6 +235,7 @@ impl HttpForwarder {
                 .expect("an IP address is a valid header value"),
             peer_trusted: self.trusted.contains(peer.ip()),
             peer_addr: peer.ip(),
+            tls,
             client_protocol: if h2 { "h2" } else { "http1" },
             activity: activity.clone(),
             // Only connections whose requests may be logged pay for this.
@@ -495,9 +498,27 @@ impl HttpForwarder {
             .methods
             .as_ref()
             .map(|m| m.resolve(req.method(), req.uri().path(), grpc));
-        let mut resp = self
-            .exchange(req, grpc, client, started, log.as_mut(), method.as_ref())
-            .await;
+        let mut trace = self.begin_trace(&mut req, client, method.as_deref());
+        if let Some(log) = &mut log {
+            log.set_trace_id(match &trace {
+                Some(t) => Some(t.trace_id),
+                None => crate::trace::trace_id_of(req.headers()),
+            });
+        }
+        let mut span = trace.as_mut().and_then(|t| t.span.take());
+        // One count of the request's body bytes for whoever needs it: the log, the span,
+        // the byte limits.
+        let bytes_in = log.as_ref().map(|l| l.bytes_in().clone()).or_else(|| {
+            (span.is_some() || self.controls.rate_limits.iter().any(|l| l.limits_bytes()))
+                .then(Arc::default)
+        });
+        let watch = exchange::RequestWatch {
+            log: log.as_mut(),
+            method: method.as_ref(),
+            bytes_in: bytes_in.as_ref(),
+            span: span.as_deref_mut(),
+        };
+        let mut resp = self.exchange(req, grpc, client, started, watch).await;
         if self.security_headers {
             let h = resp.headers_mut();
             h.entry(header::STRICT_TRANSPORT_SECURITY)
@@ -530,6 +551,11 @@ impl HttpForwarder {
         if let Some(method) = method {
             resp.body_mut().count_bytes(method);
         }
+        if let (Some(span), Some(tracer)) = (span, &self.controls.tracer) {
+            let status = resp.status();
+            resp.body_mut()
+                .finish_span(span, tracer.clone(), status, bytes_in);
+        }
         let bodiless = head_only
             || resp.status() == http::StatusCode::NO_CONTENT
             || resp.status() == http::StatusCode::NOT_MODIFIED;
@@ -542,6 +568,57 @@ impl HttpForwarder {
     }
 }
 
+impl HttpForwarder {
+    /// The request's trace (see `trace`), with the attributes its span starts with: the
+    /// request, the client, and the TLS handshake that carried it.
+    fn begin_trace(
+        &self,
+        req: &mut Request<Incoming>,
+        client: &ForwardService,
+        method: Option<&crate::metrics::MethodHandles>,
+    ) -> Option<crate::trace::RequestTrace> {
+        use crate::trace::Attribute::{Bool, Text};
+        let tracer = self.controls.tracer.as_ref()?;
+        let http_method = req.method().clone();
+        let label = method.map(|m| m.method.clone());
+        let mut trace = tracer.begin(req.headers_mut(), || match &label {
+            Some(label) if &**label != crate::metrics::METHOD_OTHER => label.to_string(),
+            _ => http_method.to_string(),
+        })?;
+        if let Some(span) = trace.span.as_deref_mut() {
+            span.set("http.request.method", Text(req.method().to_string()));
+            span.set("url.path", Text(req.uri().path().to_owned()));
+            span.set("client.address", Text(client.peer_addr.to_string()));
+            span.set("vtp.listener", Text(self.metrics.name().to_owned()));
+            let version = if req.version() == http::Version::HTTP_2 {
+                "2"
+            } else {
+                "1.1"
+            };
+            span.set("network.protocol.version", Text(version.to_owned()));
+            span.set("tls.protocol.version", Text(client.tls.version.to_owned()));
+            span.set("tls.resumed", Bool(client.tls.resumed));
+            span.set("vtp.tls.provider", Text(client.tls.provider.to_owned()));
+            span.set(
+                "vtp.tls.algorithm",
+                Text(self.metrics.algorithm().to_owned()),
+            );
+            if is_grpc(req.headers()) {
+                span.set("rpc.system", Text("grpc".to_owned()));
+                if let Some((service, call)) =
+                    req.uri().path().trim_start_matches('/').split_once('/')
+                {
+                    span.set("rpc.service", Text(service.to_owned()));
+                    span.set("rpc.method", Text(call.to_owned()));
+                }
+            } else if let Some(route) = label.filter(|l| &**l != crate::metrics::METHOD_OTHER) {
+                span.set("http.route", Text(route.to_string()));
+            }
+        }
+        Some(trace)
+    }
+}
+
 /// The per-connection hyper service.
 #[derive(Clone)]
 struct ForwardService {
@@ -550,6 +627,8 @@ struct ForwardService {
     peer_trusted: bool,
     /// The client's address (a trusted balancer's PROXY header's), for rate limits.
     peer_addr: std::net::IpAddr,
+    /// The connection's handshake, for spans.
+    tls: TlsFacts,
     client_protocol: &'static str,
     activity: Arc<Activity>,
     /// For the access log; `None` when it is off.

@@ -1,5 +1,5 @@
 //! The metrics of the operator controls: rate limits and the per-client connection cap
-//! (`rate_limit/`).
+//! (`rate_limit/`), and span export (`trace/`).
 
 use prometheus::{IntCounter, IntCounterVec, IntGauge, IntGaugeVec};
 
@@ -18,6 +18,7 @@ pub(super) struct ControlVecs {
     rate_limited: IntCounterVec,
     rate_limit_keys: IntGaugeVec,
     rate_limit_overflow: IntCounterVec,
+    otel_spans: IntCounterVec,
 }
 
 impl ControlVecs {
@@ -38,8 +39,25 @@ impl ControlVecs {
                 "Requests whose key found the limit's table full (max_keys) and shared its overflow bucket: a flood of new keys or addresses.",
                 &["listener", "limit"],
             ),
+            otel_spans: r.counter_vec(
+                "proxy_otel_spans_total",
+                "Request spans by what became of them: exported (the OTLP collector took them), dropped (the export queue was full), failed (the collector refused them or did not answer in time).",
+                &["outcome"],
+            ),
         }
     }
+}
+
+/// The counters of `proxy_otel_spans_total`: exported, dropped (queue full), failed (the
+/// collector refused them or did not answer).
+#[derive(Clone, Debug)]
+pub struct SpanCounters {
+    /// Accepted by the collector.
+    pub exported: IntCounter,
+    /// Not queued: the queue was full.
+    pub dropped: IntCounter,
+    /// Sent, and refused or unanswered.
+    pub failed: IntCounter,
 }
 
 /// One rate limit's handles, resolved once.
@@ -63,6 +81,16 @@ impl RateLimitMetrics {
 }
 
 impl Metrics {
+    /// The counters of span export.
+    pub fn otel_spans(&self) -> SpanCounters {
+        let v = &self.controls.otel_spans;
+        SpanCounters {
+            exported: v.with_label_values(&["exported"]),
+            dropped: v.with_label_values(&["dropped"]),
+            failed: v.with_label_values(&["failed"]),
+        }
+    }
+
     /// Handles for listener `listener`'s rate limit `limit`, every series at zero.
     pub fn rate_limit(&self, listener: &str, limit: &str) -> RateLimitMetrics {
         let v = &self.controls;

@@ -74,6 +74,11 @@ impl ListenerMetrics {
         &self.listener
     }
 
+    /// The default certificate's algorithm.
+    pub fn algorithm(&self) -> &'static str {
+        self.algorithm
+    }
+
     /// A completed handshake.
     pub fn handshake_ok(&self, tls_version: &'static str, resumed: bool, took: Duration) {
         let resumed = if resumed { "true" } else { "false" };

@@ -88,7 +88,8 @@ impl MethodVecs {
 #[derive(Debug)]
 pub struct MethodHandles {
     listener: Arc<str>,
-    method: Arc<str>,
+    /// The method's label.
+    pub method: Arc<str>,
     collection: Arc<str>,
     requests: IntCounterVec,
     /// Head-to-head time.

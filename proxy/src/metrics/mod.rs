@@ -13,9 +13,9 @@ mod process;
 mod qat;
 mod routes;
 
-pub use controls::RateLimitMetrics;
+pub use controls::{RateLimitMetrics, SpanCounters};
 pub use listener::{grpc_status_label, GrpcOutcomes, ListenerMetrics, GRPC_STATUS_NONE};
-pub use methods::{MethodHandles, MethodMetrics, MethodMetricsConfig};
+pub use methods::{MethodHandles, MethodMetrics, MethodMetricsConfig, OTHER as METHOD_OTHER};
 pub use qat::QatMetrics;
 
 use process::ProcessMetrics;

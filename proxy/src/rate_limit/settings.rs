@@ -61,11 +61,11 @@ pub struct RateLimitConfig {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub request_bytes_burst: Option<u64>,
     /// Where an `api_key` limit reads the key, the first present one; default
-    /// [`DEFAULT_API_KEY_HEADERS`].
+    /// `api-key`, `authorization`, `x-chroma-token`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub api_key_headers: Option<Vec<String>>,
     /// Buckets kept at most; keys beyond them (a flood of new addresses or keys) share one
-    /// bucket until idle ones are dropped. Default [`DEFAULT_MAX_KEYS`].
+    /// bucket until idle ones are dropped. Default 100,000.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_keys: Option<usize>,
 }

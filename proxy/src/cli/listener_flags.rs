@@ -73,6 +73,9 @@ pub struct ListenerFlags {
     /// Open connections per client address at most.
     #[arg(long, value_name = "N")]
     pub(super) max_connections_per_client: Option<usize>,
+    /// Metrics per API method (`method_metrics.enabled`): on (the default) or off.
+    #[arg(long, value_name = "on|off", value_parser = parse_on_off)]
+    pub(super) method_metrics: Option<bool>,
     /// tcp mode: how clients open their connections: tls (the ClientHello first, the
     /// default) or postgres (PostgreSQL's SSLRequest, or direct TLS with ALPN postgresql).
     #[arg(long, value_enum)]
@@ -220,6 +223,9 @@ impl ListenerFlags {
         if let Some(v) = self.max_connections_per_client {
             l.max_connections_per_client = Some(v);
         }
+        if let Some(v) = self.method_metrics {
+            l.method_metrics.enabled = v;
+        }
         if let Some(v) = self.error_body {
             l.error_body = v;
         }
@@ -321,6 +327,8 @@ mod tests {
             "name = \"bytes\", requests_per_second = 1000, request_bytes_per_second = 50000000",
             "--max-connections-per-client",
             "8",
+            "--method-metrics",
+            "off",
         ])
         .collect::<Vec<_>>())
         .apply(&mut cfg)
@@ -331,6 +339,7 @@ mod tests {
         assert_eq!(l.rate_limit[0].burst, Some(100));
         assert_eq!(l.rate_limit[1].request_bytes_per_second, Some(50_000_000));
         assert_eq!(l.max_connections_per_client, Some(8));
+        assert!(!l.method_metrics.enabled);
         assert!(parse_rate_limit("requests_per_second = \"fast\"").is_err());
     }
 }

@@ -28,7 +28,7 @@ struct ResetRun {
 /// The attack as an independent client ran it: streams opened in batches of 50 (HEADERS
 /// for each), `pause`, then an RST_STREAM for each, up to 2,000 streams on one connection
 /// or 15 s.
-async fn paced_rapid_reset(proxy: &ProxyProcess, pause: Duration) -> (u32, Seen) {
+pub(super) async fn paced_rapid_reset(proxy: &ProxyProcess, pause: Duration) -> (u32, Seen) {
     let tls = h2_connect(proxy.addr).await;
     let (mut r, mut w) = tokio::io::split(tls);
     let seen = tokio::spawn(async move { watch(&mut r, Duration::from_secs(20)).await });

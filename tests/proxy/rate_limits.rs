@@ -6,6 +6,7 @@
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::Bytes;
 use e2e::*;
@@ -363,4 +364,69 @@ async fn tcp_listeners_cap_a_clients_connections_too() {
         .await
         .expect("another address is served");
     assert_eq!(limited(&proxy, &[("kind", "connections")]), 1.0);
+}
+
+/// Under the suite's rapid-reset attack (2,000 streams opened and reset on one connection,
+/// without an API key) on a listener with a rate limit: the connection is still closed within
+/// the flood's budget (a GOAWAY, if the client reads one before the close, says
+/// ENHANCE_YOUR_CALM; answered locally, the streams reach h2's own limit of resets before
+/// acceptance first), the upstream sees no more than the anonymous bucket's burst, and a
+/// client with a key of its own is served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rate_limit_holds_under_rapid_reset() {
+    let upstream = EchoUpstream::start();
+    let proxy = ProxyProcess::in_front_of(
+        &upstream.url(),
+        &["--rate-limit", "requests_per_second = 10, burst = 20"],
+    );
+    let (_, seen) = super::rapid_reset::paced_rapid_reset(&proxy, Duration::ZERO).await;
+    assert!(
+        seen.closed_after
+            .is_some_and(|t| t < Duration::from_secs(3))
+            && seen
+                .goaway_codes
+                .iter()
+                .all(|c| *c == super::h2_raw::ENHANCE_YOUR_CALM),
+        "{seen:?}"
+    );
+    assert!(
+        upstream.requests() <= 20,
+        "{} upstream requests",
+        upstream.requests()
+    );
+    let good = status_from(HOME, proxy.addr, &[("api-key", "good")]).await;
+    assert_eq!(good, 200, "another key has its own bucket");
+    assert!(limited(&proxy, &[("key_class", "anonymous")]) > 0.0);
+}
+
+/// Slow clients (a TLS connection that sends a request head a byte at a time) from one
+/// address hold at most `max_connections_per_client` connections: the rest are closed at
+/// once, and another address is served while they trickle.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_clients_hold_no_more_than_their_cap() {
+    use tokio::io::AsyncWriteExt;
+    let upstream = EchoUpstream::start();
+    let proxy = ProxyProcess::in_front_of(&upstream.url(), &["--max-connections-per-client", "4"]);
+    let mut slow = Vec::new();
+    let mut refused = 0;
+    for _ in 0..30 {
+        match tls_connect(proxy.addr, http1()).await {
+            Ok(mut tls) => {
+                tls.write_all(b"GET /slow HTTP/1.1\r\nHo").await.unwrap();
+                slow.push(tls);
+            }
+            Err(_) => refused += 1,
+        }
+    }
+    assert_eq!(slow.len(), 4, "{refused} refused");
+    assert_eq!(status_from(NEIGHBOUR, proxy.addr, &[]).await, 200);
+    for tls in &mut slow {
+        tls.write_all(b"s").await.unwrap();
+    }
+    assert_eq!(
+        limited(&proxy, &[("kind", "connections")]),
+        26.0,
+        "{}",
+        proxy.metrics()
+    );
 }

@@ -582,6 +582,12 @@ fn milvus_with_pymilvus_through_the_proxy() {
     );
     let uri = format!("https://localhost:{}", proxy.addr.port());
     let through = milvus_exercise(&uri, &ca, "exercise");
+    // Per-method metrics name Milvus's own calls.
+    let insert = [
+        ("method", "milvus.proto.milvus.MilvusService/Insert"),
+        ("grpc_status", "0"),
+    ];
+    assert!(proxy.metric("proxy_method_requests_total", &insert) >= 20.0);
     same_answers(
         "milvus",
         &direct,
@@ -681,6 +687,24 @@ fn chroma_with_its_client_through_the_proxy() {
     );
     let port = proxy.addr.port();
     let through = chroma_exercise(port, &ca, "exercise");
+    // Per-method metrics name Chroma's routes, never a collection's id.
+    let add = [
+        (
+            "method",
+            "POST /api/v2/tenants/{tenant}/databases/{database}/collections/{collection_id}/add",
+        ),
+        ("status", "201"),
+    ];
+    assert!(
+        proxy.metric("proxy_method_requests_total", &add) >= 20.0,
+        "{}",
+        proxy
+            .metrics()
+            .lines()
+            .filter(|l| l.starts_with("proxy_method_requests_total"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
     same_answers(
         "chroma",
         &direct,

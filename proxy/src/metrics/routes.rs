@@ -1,7 +1,8 @@
-//! Qdrant's REST routes as patterns (`PUT /collections/{collection_name}/points`), so that
-//! per-method metrics name a route and never a raw path: the label set is this table plus
-//! `other`, whatever clients send. Taken from Qdrant's OpenAPI specification (1.x); a route
-//! it lacks is counted as `other`.
+//! The REST routes of Qdrant and Chroma as patterns (`PUT /collections/{collection_name}/points`,
+//! `POST /api/v2/tenants/{tenant}/databases/{database}/collections/{collection_id}/add`), so
+//! that per-method metrics name a route and never a raw path: the label set is this table plus
+//! `other`, whatever clients send. Taken from Qdrant's OpenAPI specification (1.x) and the
+//! paths chromadb's HttpClient (1.5) calls; a route they lack is counted as `other`.
 
 use std::sync::OnceLock;
 
@@ -137,6 +138,83 @@ const ROUTES: &[(&str, &str)] = &[
     ("POST", "/collections/{collection_name}/points/query/groups"),
     ("POST", "/collections/{collection_name}/facet"),
     ("GET", "/collections/{collection_name}/points/{id}"),
+    // Chroma's API v2.
+    ("GET", "/api/v2/heartbeat"),
+    ("GET", "/api/v2/version"),
+    ("GET", "/api/v2/healthcheck"),
+    ("GET", "/api/v2/pre-flight-checks"),
+    ("GET", "/api/v2/auth/identity"),
+    ("POST", "/api/v2/reset"),
+    ("POST", "/api/v2/tenants"),
+    ("GET", "/api/v2/tenants/{tenant}"),
+    ("GET", "/api/v2/tenants/{tenant}/databases"),
+    ("POST", "/api/v2/tenants/{tenant}/databases"),
+    ("GET", "/api/v2/tenants/{tenant}/databases/{database}"),
+    ("DELETE", "/api/v2/tenants/{tenant}/databases/{database}"),
+    (
+        "GET",
+        "/api/v2/tenants/{tenant}/databases/{database}/collections",
+    ),
+    (
+        "POST",
+        "/api/v2/tenants/{tenant}/databases/{database}/collections",
+    ),
+    (
+        "GET",
+        "/api/v2/tenants/{tenant}/databases/{database}/collections_count",
+    ),
+    (
+        "GET",
+        "/api/v2/tenants/{tenant}/databases/{database}/collections/by-id/{collection_id}",
+    ),
+    (
+        "GET",
+        "/api/v2/tenants/{tenant}/databases/{database}/collections/{collection_id}",
+    ),
+    (
+        "PUT",
+        "/api/v2/tenants/{tenant}/databases/{database}/collections/{collection_id}",
+    ),
+    (
+        "DELETE",
+        "/api/v2/tenants/{tenant}/databases/{database}/collections/{collection_id}",
+    ),
+    (
+        "POST",
+        "/api/v2/tenants/{tenant}/databases/{database}/collections/{collection_id}/add",
+    ),
+    (
+        "POST",
+        "/api/v2/tenants/{tenant}/databases/{database}/collections/{collection_id}/update",
+    ),
+    (
+        "POST",
+        "/api/v2/tenants/{tenant}/databases/{database}/collections/{collection_id}/upsert",
+    ),
+    (
+        "POST",
+        "/api/v2/tenants/{tenant}/databases/{database}/collections/{collection_id}/get",
+    ),
+    (
+        "POST",
+        "/api/v2/tenants/{tenant}/databases/{database}/collections/{collection_id}/query",
+    ),
+    (
+        "POST",
+        "/api/v2/tenants/{tenant}/databases/{database}/collections/{collection_id}/search",
+    ),
+    (
+        "POST",
+        "/api/v2/tenants/{tenant}/databases/{database}/collections/{collection_id}/delete",
+    ),
+    (
+        "GET",
+        "/api/v2/tenants/{tenant}/databases/{database}/collections/{collection_id}/count",
+    ),
+    (
+        "POST",
+        "/api/v2/tenants/{tenant}/databases/{database}/collections/{collection_id}/fork",
+    ),
 ];
 
 /// A route: its method, its segments (`None` for a `{...}` placeholder), its label, and
@@ -164,7 +242,7 @@ fn routes() -> &'static [Route] {
                     collection_at: pattern
                         .split('/')
                         .filter(|s| !s.is_empty())
-                        .position(|s| s == "{collection_name}"),
+                        .position(|s| s == "{collection_name}" || s == "{collection_id}"),
                     segments,
                     label: format!("{method} {pattern}"),
                 }
@@ -229,6 +307,13 @@ mod tests {
         );
         assert_eq!(route(&Method::GET, "/"), Some(("GET /", None)));
         assert_eq!(route(&Method::GET, "/readyz/"), Some(("GET /readyz", None)));
+        assert_eq!(
+            route(&post, "/api/v2/tenants/t/databases/d/collections/5f1c/add"),
+            Some((
+                "POST /api/v2/tenants/{tenant}/databases/{database}/collections/{collection_id}/add",
+                Some("5f1c")
+            ))
+        );
         assert_eq!(route(&post, "/collections/c/nothing"), None);
         assert_eq!(route(&Method::GET, "/etc/passwd"), None);
     }

@@ -302,6 +302,7 @@ fn activate_qat(config: &QatConfig) -> Result<Option<Arc<QatState>>, StartupErro
             tracing::info!(
                 provider = %state.name,
                 signature_query = %state.property_query,
+                polling = ?state.polling,
                 settings = %state.settings,
                 "QAT provider active: signatures only, asynchronous"
             );

@@ -100,9 +100,9 @@ pub struct Overrides {
     /// Directory holding the provider module, or the module file itself.
     #[arg(long, value_name = "PATH")]
     qat_module_path: Option<PathBuf>,
-    /// Who polls the QAT provider: internal (its own thread; the default) or inline (QAT
-    /// hardware: the requesting thread). external and heuristic are refused: the provider
-    /// offers applications no poll call.
+    /// Who polls the QAT provider: internal (its own thread; the default, and what QAT
+    /// hardware needs), external (qat_sw: the proxy's signer computes each batch itself with
+    /// the module's qat_sw_poll) or inline (QAT hardware: the requesting thread).
     #[arg(long, value_enum)]
     qat_polling: Option<crate::crypto::qat::Polling>,
     /// If the QAT provider cannot be used: none (refuse to start) or software.

@@ -115,3 +115,114 @@ pub(super) fn pkey_ctx_provider(ctx: *mut sys::EVP_PKEY_CTX) -> *const sys::OSSL
     // SAFETY: a live context; the provider pointer is OpenSSL's, alive for the process.
     unsafe { EVP_PKEY_CTX_get0_provider(ctx) }
 }
+
+/// qat_sw's own poll call (`int qat_sw_poll(void)`), which QAT_Engine exports from every
+/// build with qat_sw: with `enable_external_polling = 1` it computes every queue that holds
+/// a whole batch at once, and a part batch when QAT_Engine's poll timeout (10 ms) has passed
+/// since that queue was last computed. nginx's QAT module reaches it through
+/// `ENGINE_ctrl("POLL")`, which only engine builds have; a provider build exports the
+/// function itself, so it is looked up in the loaded module.
+pub type PollFn = unsafe extern "C" fn() -> c_int;
+
+/// The symbols of the loaded provider module that external polling needs.
+pub(super) struct ModuleSymbols {
+    /// The module's file, as the dynamic loader loaded it.
+    pub(super) path: std::path::PathBuf,
+    /// `qat_sw_poll`, where exported.
+    pub(super) poll: Option<PollFn>,
+    /// The provider's `enable_external_polling` as it read its settings, where exported.
+    pub(super) external_polling: Option<bool>,
+    /// qat_sw's `mb_poll_timeout_time`, where exported (see [`compute_part_batches_at_once`]).
+    poll_timeout: Option<*mut libc::timespec>,
+}
+
+impl ModuleSymbols {
+    /// With external polling, makes the provider's poll call compute a queue holding less
+    /// than a batch at once, instead of 10 ms after that queue was last computed. The
+    /// signer submits a part batch only when it has decided that it goes now (it pays, and
+    /// nothing more will come in time), so the provider's own wait for more would only
+    /// delay it. qat_sw reads `mb_poll_timeout_time` only in its poll call (and its heuristic
+    /// timeout, which the proxy never enables); the value is a plain `struct timespec`.
+    /// False when the module does not export it (part batches then wait the 10 ms).
+    pub(super) fn compute_part_batches_at_once(&self) -> bool {
+        let Some(timeout) = self.poll_timeout else {
+            return false;
+        };
+        // SAFETY: QAT_Engine's `struct timespec mb_poll_timeout_time` (qat_sw_polling.c),
+        // written here once at start-up, before the signer thread submits anything.
+        unsafe {
+            (*timeout).tv_sec = 0;
+            (*timeout).tv_nsec = 0;
+        }
+        true
+    }
+}
+
+/// Finds the loaded module `<provider_name>.so` among the process's shared objects and
+/// looks up what external polling needs; None when no such module is loaded.
+pub(super) fn module_symbols(provider_name: &str) -> Option<ModuleSymbols> {
+    let file_name = format!("{provider_name}.so");
+    let path = loaded_object_named(&file_name)?;
+    let c_path = cstring(&path.to_string_lossy()).ok()?;
+    // SAFETY: RTLD_NOLOAD only takes another reference to an object already loaded (OpenSSL
+    // loaded it and keeps it for the process); the reference is never released, so the
+    // symbols stay valid.
+    let handle = unsafe { libc::dlopen(c_path.as_ptr(), libc::RTLD_NOW | libc::RTLD_NOLOAD) };
+    if handle.is_null() {
+        return None;
+    }
+    // SAFETY: a live handle and NUL-terminated names; the results are checked for null.
+    let (poll, flag, timeout) = unsafe {
+        (
+            libc::dlsym(handle, c"qat_sw_poll".as_ptr()),
+            libc::dlsym(handle, c"enable_external_polling".as_ptr()),
+            libc::dlsym(handle, c"mb_poll_timeout_time".as_ptr()),
+        )
+    };
+    Some(ModuleSymbols {
+        path,
+        // SAFETY: QAT_Engine defines `int qat_sw_poll(void)` (qat_sw_polling.c).
+        poll: (!poll.is_null())
+            .then(|| unsafe { std::mem::transmute::<*mut libc::c_void, PollFn>(poll) }),
+        // SAFETY: QAT_Engine defines `int enable_external_polling` (e_qat.c), set once when
+        // the provider read its settings, before this call.
+        external_polling: (!flag.is_null()).then(|| unsafe { *(flag as *const c_int) } != 0),
+        poll_timeout: (!timeout.is_null()).then_some(timeout.cast()),
+    })
+}
+
+/// The path of the loaded shared object whose file name is `file_name`.
+fn loaded_object_named(file_name: &str) -> Option<std::path::PathBuf> {
+    struct Search<'a> {
+        file_name: &'a str,
+        found: Option<std::path::PathBuf>,
+    }
+    unsafe extern "C" fn visit(
+        info: *mut libc::dl_phdr_info,
+        _size: usize,
+        data: *mut libc::c_void,
+    ) -> c_int {
+        // SAFETY: `data` is the `Search` passed below, alive for the iteration; `info` is
+        // the loader's, valid during this call.
+        let search = unsafe { &mut *(data as *mut Search) };
+        let name = unsafe { (*info).dlpi_name };
+        if name.is_null() {
+            return 0;
+        }
+        // SAFETY: the loader's NUL-terminated path.
+        let path = unsafe { std::ffi::CStr::from_ptr(name) }.to_string_lossy();
+        let path = std::path::Path::new(path.as_ref());
+        if path.file_name().and_then(|n| n.to_str()) == Some(search.file_name) {
+            search.found = Some(path.to_path_buf());
+            return 1;
+        }
+        0
+    }
+    let mut search = Search {
+        file_name,
+        found: None,
+    };
+    // SAFETY: the callback only reads what the loader hands it and writes `search`.
+    unsafe { libc::dl_iterate_phdr(Some(visit), (&mut search as *mut Search).cast()) };
+    search.found
+}

@@ -58,22 +58,28 @@ pub const DEFAULT_BATCH: usize = 8;
 /// once, not after this wait (see `signer`).
 pub const DEFAULT_BATCH_WAIT: Duration = Duration::from_millis(5);
 
-/// Who collects QAT completions. QAT_Engine's provider has no entry point an application
-/// can poll through, so only the provider's own modes are usable.
+/// Who collects QAT completions.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
 pub enum Polling {
-    /// The provider's own polling thread (qat_sw: per signing thread, flushing partial
-    /// batches after a short adaptive timeout; QAT hardware: every `poll_interval`).
+    /// The provider's own polling thread (qat_sw: one per signing thread, woken at every
+    /// eighth request and flushing part batches every 10 ms; QAT hardware: every
+    /// `poll_interval`).
     #[default]
     Internal,
     /// QAT hardware only: the requesting thread busy-polls for its own response
     /// (`enable_inline_polling`); no effect on qat_sw.
     Inline,
-    /// Refused: `enable_external_polling` needs an application poll call that the provider
-    /// does not expose (engine builds only), so nothing would collect completions.
+    /// qat_sw: `enable_external_polling`, and the signer thread computes each batch itself
+    /// by calling the module's `qat_sw_poll` right after submitting it (QAT_Engine's external
+    /// polling, what nginx's QAT module does through `ENGINE_ctrl("POLL")`, which provider
+    /// builds lack but whose function they export). No wake-up of another thread, and no
+    /// request count to keep aligned: the internal thread is woken at every eighth request
+    /// of any kind, so one part batch leaves a remainder of every later batch to its 10 ms
+    /// timer. Refused where the module exports no `qat_sw_poll` (QAT hardware builds).
     External,
-    /// Refused, as external (heuristic polling is a flavour of external polling).
+    /// Refused: heuristic polling is nginx's and HAProxy's own schedule for calling the
+    /// engine's poll; the signer's batching plays that part here (use `external`).
     Heuristic,
 }
 
@@ -180,14 +186,14 @@ impl QatConfig {
     /// What is wrong with these settings, for `Config::validate`.
     pub fn problems(&self) -> Vec<String> {
         let mut problems = Vec::new();
-        if matches!(self.polling, Polling::External | Polling::Heuristic) {
-            problems.push(format!(
-                "qat.polling = {:?}: QAT_Engine's provider has no call through which an application polls \
-                 (ENGINE_ctrl \"POLL\" exists only for engine builds), so with enable_external_polling \
-                 nothing would collect completions; use \"internal\" (qat_sw and QAT hardware) or \
-                 \"inline\" (QAT hardware)",
-                format!("{:?}", self.polling).to_lowercase()
-            ));
+        if self.polling == Polling::Heuristic {
+            problems.push(
+                "qat.polling = \"heuristic\": heuristic polling is a schedule for an application's poll \
+                 calls (nginx's and HAProxy's); the proxy's signer already polls right after each batch \
+                 it forms: use \"external\" (qat_sw), \"internal\" (qat_sw and QAT hardware) or \
+                 \"inline\" (QAT hardware)"
+                    .to_owned(),
+            );
         }
         if self.batch == 0 || self.batch > 64 {
             problems.push("qat.batch must be between 1 and 64".to_owned());
@@ -228,7 +234,10 @@ impl QatConfig {
     pub fn provider_settings(&self) -> Vec<(&'static str, String)> {
         let flag = |b: bool| u8::from(b).to_string();
         vec![
-            ("enable_external_polling", "0".to_owned()),
+            (
+                "enable_external_polling",
+                flag(self.polling == Polling::External),
+            ),
             ("enable_heuristic_polling", "0".to_owned()),
             ("enable_sw_fallback", flag(self.sw_fallback)),
             (
@@ -367,6 +376,8 @@ pub struct QatState {
     pub mode: Mode,
     /// The property query signatures are fetched with.
     pub property_query: String,
+    /// Who polls the provider for completions, as in effect.
+    pub polling: Polling,
     /// Where the provider's settings came from.
     pub settings: SettingsSource,
     /// ECDSA P-256 signatures go to the provider (`qat.offload_p256`).
@@ -533,22 +544,84 @@ fn activate_once(cfg: &QatConfig) -> Result<QatState, QatError> {
         ))
     })?;
     let query = cfg.effective_property_query();
+    let (polling, poll) = polling_in_effect(cfg, &settings)?;
     let signer = AsyncSigner::start(
         &query,
         cfg.max_signatures_in_flight,
         cfg.batch,
         cfg.batch_wait,
+        poll,
     )
     .map_err(QatError::Unavailable)?;
     Ok(QatState {
         name: name.to_owned(),
         mode: Mode::of(&described),
         property_query: query,
+        polling,
         settings,
         offload_p256: cfg.offload_p256,
         offload_x25519: cfg.offload_x25519,
         signer,
     })
+}
+
+/// Who polls the active provider, as it read its settings (its own `enable_external_polling`
+/// where the module exports it, else what the proxy wrote), and the poll call external
+/// polling makes: the settings of an `OPENSSL_CONF` that activated the provider win over
+/// `qat.polling`, and a provider polled externally with no poll call to make is refused,
+/// since nothing would ever complete its jobs.
+fn polling_in_effect(
+    cfg: &QatConfig,
+    settings: &SettingsSource,
+) -> Result<(Polling, Option<signer::PollFn>), QatError> {
+    let symbols = ffi::module_symbols(&cfg.provider_name);
+    let external = match (&symbols, settings) {
+        (
+            Some(ffi::ModuleSymbols {
+                external_polling: Some(on),
+                ..
+            }),
+            _,
+        ) => *on,
+        (_, SettingsSource::Proxy(_)) => cfg.polling == Polling::External,
+        (_, SettingsSource::OpensslConf(_)) => false,
+    };
+    let module = symbols.as_ref().map_or_else(
+        || format!("{}.so", cfg.provider_name),
+        |s| s.path.display().to_string(),
+    );
+    if !external {
+        if cfg.polling == Polling::External {
+            return Err(QatError::Config(format!(
+                "qat.polling = \"external\", but the provider in {module} was activated with \
+                 enable_external_polling = 0 (by {settings}); set it to 1 there, or use \
+                 qat.polling = \"internal\"",
+                settings = match settings {
+                    SettingsSource::Proxy(_) => "the proxy's [qat]".to_owned(),
+                    SettingsSource::OpensslConf(path) => format!("OPENSSL_CONF={path}"),
+                }
+            )));
+        }
+        return Ok((cfg.polling, None));
+    }
+    match symbols.as_ref().and_then(|s| s.poll) {
+        Some(poll) => {
+            let at_once = symbols.is_some_and(|s| s.compute_part_batches_at_once());
+            if !at_once {
+                tracing::warn!(
+                    module,
+                    "the QAT provider exports no mb_poll_timeout_time: part batches the signer \
+                     submits wait qat_sw's 10 ms poll timeout"
+                );
+            }
+            Ok((Polling::External, Some(poll)))
+        }
+        None => Err(QatError::Unavailable(format!(
+            "the provider in {module} is polled externally (enable_external_polling = 1), but \
+             exports no qat_sw_poll for the proxy to call (a QAT hardware build?): use \
+             qat.polling = \"internal\" or \"inline\""
+        ))),
+    }
 }
 
 /// Writes the provider's configuration to a private temporary file and loads it into the
@@ -830,19 +903,31 @@ mod tests {
         }
         assert_eq!(cfg.provider_settings().len(), 9);
         assert!(cfg.problems().is_empty(), "{:?}", cfg.problems());
+        let external = QatConfig {
+            polling: Polling::External,
+            ..QatConfig::default()
+        };
+        let text = external.openssl_config(None);
+        assert!(
+            text.lines().any(|l| l == "enable_external_polling = 1"),
+            "{text}"
+        );
+        assert!(
+            text.lines().any(|l| l == "enable_inline_polling = 0"),
+            "{text}"
+        );
+        assert!(external.problems().is_empty(), "{:?}", external.problems());
     }
 
     #[test]
     fn settings_the_provider_cannot_honour_are_refused() {
-        for polling in [Polling::External, Polling::Heuristic] {
-            let cfg = QatConfig {
-                polling,
-                ..QatConfig::default()
-            };
-            let problems = cfg.problems();
-            assert_eq!(problems.len(), 1, "{problems:?}");
-            assert!(problems[0].contains("no call"), "{problems:?}");
-        }
+        let cfg = QatConfig {
+            polling: Polling::Heuristic,
+            ..QatConfig::default()
+        };
+        let problems = cfg.problems();
+        assert_eq!(problems.len(), 1, "{problems:?}");
+        assert!(problems[0].contains("use \"external\""), "{problems:?}");
         let cfg = QatConfig {
             batch: 16,
             max_signatures_in_flight: 8,

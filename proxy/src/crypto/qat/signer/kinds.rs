@@ -126,6 +126,27 @@ pub struct SignerStats {
     /// Signatures held in part batches right now; a handshake that stops counting towards
     /// `to_sign` without a signature nudges the signer only while this is non-zero.
     pub held: AtomicI64,
+    /// The fastest a batch of each kind took, from submission to its signatures: what a part
+    /// batch sent to the provider costs (the fastest, because the provider computes a batch
+    /// alone, and any longer time is waiting for a CPU). Written by the signer thread, read
+    /// by handshakes deciding whether a lone signature pays in the provider.
+    batch_costs: std::sync::RwLock<Vec<(OperationKind, Duration)>>,
+}
+
+impl SignerStats {
+    /// The fastest batch of `kind` measured so far.
+    pub fn batch_cost(&self, kind: OperationKind) -> Option<Duration> {
+        let costs = self.batch_costs.read().unwrap_or_else(|p| p.into_inner());
+        costs.iter().find(|(k, _)| *k == kind).map(|(_, c)| *c)
+    }
+
+    pub(super) fn record_batch_cost(&self, kind: OperationKind, took: Duration) {
+        let mut costs = self.batch_costs.write().unwrap_or_else(|p| p.into_inner());
+        match costs.iter_mut().find(|(k, _)| *k == kind) {
+            Some((_, cost)) => *cost = (*cost).min(took),
+            None => costs.push((kind, took)),
+        }
+    }
 }
 
 /// What kind of private-key operation a signature is. qat_sw keeps one queue per kind (RSA

@@ -11,29 +11,37 @@
 //! when the provider calls back. All jobs run on the one signer thread on purpose: qat_sw's
 //! request queues are thread-local, so requests batch only when submitted from one thread.
 //!
-//! **Only full batches reach the provider.** qat_sw computes a queue the moment its eighth
-//! request arrives (it counts submissions per thread and wakes its polling thread at every
-//! eighth), and otherwise only when its polling timer fires, 10 ms to 200 ms later: a part
-//! batch sent there waits that long, costs the CPU of a full one, and shifts the count so
-//! that later full batches wait for the timer too. So the signer holds signatures of one
-//! kind (qat_sw's queue: RSA by modulus size, ECDSA by curve) until `batch` of them are
-//! there and submits them together. A part batch waits ([`part_batch_waits`]) while the
-//! signatures held plus the openssl-qat handshakes accepted that have not yet asked for
-//! theirs ([`SignerStats::to_sign`]) make a batch, for at most `batch_wait`, and in any case
-//! as long as one software signature of its kind takes (measured when the key is loaded):
-//! a handshake waiting that long is delayed no more than signing would delay it. When it
-//! stops waiting it either goes to the provider as it is, where the held ones would cost
-//! more in software than a whole batch costs ([`part_batch_pays`], with the fastest batch
-//! of the kind seen so far; qat_sw computes it when its timer fires), or is handed back:
-//! each handshake then signs in software on its own thread, in parallel, as `openssl`
-//! would.
+//! **Only full batches reach the provider**, unless a part batch pays. The signer holds
+//! signatures of one kind (qat_sw's queue: RSA by modulus size, ECDSA by curve) until
+//! `batch` of them are there and submits them together. A part batch waits
+//! ([`part_batch_waits`]) while the signatures held plus the openssl-qat handshakes accepted
+//! that have not yet asked for theirs ([`SignerStats::to_sign`]) make a batch, for the
+//! longer of `batch_wait` and twice the time a batch takes to arrive at the measured rate
+//! (rate-aware: measured in the lesser of wall-clock and process CPU time, so that time
+//! frozen by a CPU quota is not counted as waiting), and in any case as long as one software
+//! signature of its kind takes (measured when the key is loaded): a handshake waiting that
+//! long is delayed no more than signing would delay it. When it stops waiting it either
+//! goes to the provider as it is, where the held ones would cost more in software than a
+//! whole batch costs ([`part_batch_pays`], with the fastest batch of the kind seen so far),
+//! or is handed back: each handshake then signs in software on its own thread, in
+//! parallel, as `openssl` would.
+//!
+//! **Who computes a batch.** With `qat.polling = "internal"` qat_sw's own polling thread
+//! does, woken at every eighth request of any kind and otherwise by its 10 ms timer: a part
+//! batch submitted there waits for the timer and shifts the count, so that a remainder of
+//! every later full batch waits for the timer too. With `"external"` (qat_sw) the signer
+//! calls the module's `qat_sw_poll` itself right after submitting, with qat_sw's part-batch
+//! timeout set to zero, so every batch it submits is computed at once on this thread and
+//! no other thread is woken (see `ffi::ModuleSymbols`).
 //!
 //! The signer also keeps X25519 key pairs generated ahead in full batches (see `kx`).
 //!
-//! Below a batch's worth of openssl-qat handshakes under way nothing can fill, so the
-//! signing step never leaves the thread that runs the handshake and signs in software
-//! directly: a handshake at low load costs what it costs with `openssl`. QAT hardware,
-//! which does not batch, runs with `batch = 1`: every signature goes to the provider.
+//! A signature goes to the signer only when a batch can form: a batch's worth of
+//! openssl-qat handshakes is under way, or the provider computes even a lone signature of
+//! its kind faster than software (qat_sw's P-384 against OpenSSL 3.0's). Otherwise it is
+//! signed in software at once, on the blocking thread the handshake runs on: a handshake at
+//! low load costs what it costs with `openssl`. QAT hardware, which does not batch, runs
+//! with `batch = 1`: every signature goes to the provider.
 //!
 //! Only the signature goes to the QAT provider, fetched with an explicit property query;
 //! the record layer, key exchange and everything else stay on OpenSSL's default provider.
@@ -53,6 +61,7 @@ use std::time::Duration;
 
 use openssl::pkey::{PKey, Private};
 
+pub use super::ffi::PollFn;
 use super::kx;
 use job::{sign_in_software, wait, Answer, Finished, Message, Output, Request, Work};
 pub use kinds::{
@@ -89,12 +98,6 @@ impl HandshakeInFlight {
             tx: signer.tx.clone(),
             to_sign: true,
         }
-    }
-
-    /// True when enough openssl-qat handshakes are under way that this one's signature may
-    /// complete a batch (always, for `batch = 1`).
-    pub fn may_fill_a_batch(&self, signer: &AsyncSigner) -> bool {
-        self.stats.handshakes.load(Ordering::Relaxed) >= signer.batch as i64
     }
 
     /// This handshake will ask the signer for no signature (it signed elsewhere, was
@@ -140,11 +143,16 @@ impl AsyncSigner {
     /// queue in order); `batch` is the provider's batch width and `batch_wait` how long a
     /// part batch may wait to fill (see the module doc). `property_query` selects the
     /// provider for signatures only, e.g. `?provider=qatprovider`.
+    ///
+    /// `poll` is the provider's poll call when it is polled externally (`qat.polling =
+    /// "external"`): the signer thread then computes each batch itself, right after
+    /// submitting it.
     pub fn start(
         property_query: &str,
         max_in_flight: usize,
         batch: usize,
         batch_wait: Duration,
+        poll: Option<PollFn>,
     ) -> Result<Self, String> {
         let property_query = Arc::new(
             CString::new(property_query)
@@ -163,6 +171,7 @@ impl AsyncSigner {
             stats.clone(),
             keys.clone(),
             property_query.clone(),
+            poll,
         );
         std::thread::Builder::new()
             .name("qat-signer".to_owned())
@@ -201,6 +210,17 @@ impl AsyncSigner {
         }
         handshake.asks_no_more();
         out
+    }
+
+    /// Whether a signature of `kind` goes to the signer: when enough openssl-qat handshakes
+    /// are under way to fill a batch (always, for `batch = 1`), or when the provider makes
+    /// even a lone one faster than software does (qat_sw's P-384 against OpenSSL 3.0's: a
+    /// whole batch in about a third of one software signature), so that a part batch of one
+    /// pays. Otherwise it is signed in software at once: nothing can fill a batch, and
+    /// holding it would only delay it.
+    fn worth_offloading(&self, kind: OperationKind, software_cost: Duration) -> bool {
+        self.stats.handshakes.load(Ordering::Relaxed) >= self.batch as i64
+            || part_batch_pays(1, software_cost, self.stats.batch_cost(kind))
     }
 
     /// The counters.
@@ -258,7 +278,7 @@ impl AsyncSigner {
             padding,
             message: message.to_vec(),
         };
-        let outcome = if MAY_WAIT_FOR_BATCH.get() {
+        let outcome = if MAY_WAIT_FOR_BATCH.get() && self.worth_offloading(kind, software_cost) {
             self.offload(kind, work, software_cost)
                 .map(|r| r.map(Finished::into_signed))
         } else {
@@ -399,7 +419,7 @@ mod tests {
 
     fn signer(batch_wait: Duration) -> AsyncSigner {
         openssl::init();
-        AsyncSigner::start("?provider=default", 16, BATCH, batch_wait).unwrap()
+        AsyncSigner::start("?provider=default", 16, BATCH, batch_wait, None).unwrap()
     }
 
     fn p256() -> Arc<PKey<Private>> {

@@ -11,6 +11,7 @@ use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use super::super::ffi::PollFn;
 use super::job::{
     finish, sign_job, ASYNC_WAIT_CTX_get_status, ASYNC_WAIT_CTX_new, ASYNC_WAIT_CTX_set_callback,
     ASYNC_WAIT_CTX_set_status, ASYNC_init_thread, ASYNC_start_job, Answer, AsyncJob, AsyncWaitCtx,
@@ -24,6 +25,11 @@ use super::kinds::{
 
 /// How soon a job the provider turned away (no free request slot) is tried again.
 pub(super) const RETRY_TICK: Duration = Duration::from_micros(50);
+
+/// With external polling, how often the signer polls while jobs wait in the provider:
+/// qat_sw's own poll timeout (QAT_SW_POLL_TIMEOUT_NSEC, 10 ms), after which its poll call
+/// computes a part batch. Polling sooner would find nothing to compute.
+pub(super) const EXTERNAL_POLL_PERIOD: Duration = Duration::from_millis(10);
 
 /// What the provider's callback needs to wake a slot: where to send, which slot. One per
 /// slot, never freed (see `SignerThread::new`).
@@ -45,6 +51,31 @@ pub(super) struct Slot {
     ctx: *mut AsyncWaitCtx,
     request: Option<Box<Request>>,
     paused: bool,
+}
+
+/// How fast signatures of one kind arrive: the gap between two, in progress (the lesser of
+/// wall-clock and process CPU time, as a part batch's wait is measured), smoothed.
+pub(super) struct Arrivals {
+    kind: OperationKind,
+    last_wall: Instant,
+    last_cpu: Duration,
+    gap: Option<Duration>,
+}
+
+impl Arrivals {
+    /// Counts one arrival at `now` (process CPU time `cpu`).
+    fn arrived(&mut self, now: Instant, cpu: Duration) {
+        let sample = now
+            .duration_since(self.last_wall)
+            .min(cpu.saturating_sub(self.last_cpu));
+        // An exponentially weighted mean over about the last eight gaps: a batch's worth.
+        self.gap = Some(match self.gap {
+            None => sample,
+            Some(gap) => (gap * 7 + sample) / 8,
+        });
+        self.last_wall = now;
+        self.last_cpu = cpu;
+    }
 }
 
 /// Signatures of one kind held until they make a batch.
@@ -96,6 +127,8 @@ pub(super) struct SignerThread {
     batch_wait: Duration,
     /// Part batches, one per kind with signatures held.
     forming: Vec<PartBatch>,
+    /// How fast each kind's signatures arrive (see `wait_limit`).
+    arrivals: Vec<Arrivals>,
     /// Groups for the provider waiting for enough free slots; each is submitted whole, so
     /// that qat_sw sees its eighth request arrive at once.
     #[allow(clippy::vec_box)]
@@ -107,11 +140,11 @@ pub(super) struct SignerThread {
     property_query: Arc<CString>,
     /// Key generations of the stock's batch still under way.
     keys_coming: usize,
-    /// The fastest a full batch of each kind took, from submission to its signatures: what
-    /// a part batch sent to the provider costs (the fastest, because the
-    /// provider's thread computes a batch alone, and any longer time is waiting for a CPU).
-    batch_costs: Vec<(OperationKind, Duration)>,
     wakes: Vec<*mut Wake>,
+    /// External polling: the provider's poll call, made by this thread (see `poll`).
+    poll: Option<PollFn>,
+    /// When it was last made.
+    last_poll: Instant,
 }
 
 // SAFETY: the raw pointers are created for the signer thread and only used there; the
@@ -127,6 +160,7 @@ impl SignerThread {
         stats: Arc<SignerStats>,
         keys: Arc<KeyStock>,
         property_query: Arc<CString>,
+        poll: Option<PollFn>,
     ) -> Self {
         // The provider may call a slot's callback late (after the job already saw its
         // result and finished); a stale wake-up only makes us resume an idle slot, which is
@@ -146,14 +180,16 @@ impl SignerThread {
             batch,
             batch_wait,
             forming: Vec::new(),
+            arrivals: Vec::new(),
             ready: VecDeque::new(),
             retry: Vec::new(),
             stats,
             keys,
             property_query,
             keys_coming: 0,
-            batch_costs: Vec::new(),
             wakes,
+            poll,
+            last_poll: Instant::now(),
         }
     }
 
@@ -199,7 +235,7 @@ impl SignerThread {
             let deadline = self
                 .forming
                 .iter()
-                .map(|p| p.deadline(self.batch_wait, now))
+                .map(|p| p.deadline(self.wait_limit(p.kind), now))
                 .min();
             let timeout = match (deadline, self.retry.is_empty()) {
                 (None, true) => None,
@@ -208,6 +244,11 @@ impl SignerThread {
                     let left = d.saturating_duration_since(Instant::now());
                     Some(if retry { left.min(RETRY_TICK) } else { left })
                 }
+            };
+            // Jobs waiting in a provider polled externally are computed only when polled.
+            let timeout = match (timeout, self.next_poll()) {
+                (Some(t), Some(p)) => Some(t.min(p)),
+                (t, p) => t.or(p),
             };
             let message = match timeout {
                 None => match rx.recv() {
@@ -227,9 +268,50 @@ impl SignerThread {
                 self.handle(m);
             }
             self.review_part_batches();
+            self.poll_provider(&rx);
             for slot in std::mem::take(&mut self.retry) {
                 self.stats.retries.fetch_add(1, Ordering::Relaxed);
                 self.step(slot);
+            }
+        }
+    }
+
+    /// External polling: how long until the provider must be polled again, while jobs wait
+    /// in it; None when nothing waits (or the provider polls itself).
+    fn next_poll(&self) -> Option<Duration> {
+        self.poll?;
+        self.jobs_in_provider().then(|| {
+            (self.last_poll + EXTERNAL_POLL_PERIOD).saturating_duration_since(Instant::now())
+        })
+    }
+
+    fn jobs_in_provider(&self) -> bool {
+        self.slots.iter().any(|s| s.paused && s.request.is_some())
+    }
+
+    /// External polling: while jobs wait in the provider, calls its poll, which computes
+    /// every whole batch at once (and a part batch once its queue has waited the provider's
+    /// poll timeout) on this thread and wakes their jobs through the slots' callbacks; the
+    /// jobs are resumed at once. Polled after every round of messages, so a batch is computed
+    /// right after its eighth request, without waking another thread.
+    fn poll_provider(&mut self, rx: &mpsc::Receiver<Message>) {
+        let Some(poll) = self.poll else {
+            return;
+        };
+        // Each poll may complete a batch whose resumed jobs free slots for groups waiting
+        // in `ready`, which are submitted at once and may make another whole batch.
+        while self.jobs_in_provider() {
+            // SAFETY: QAT_Engine's `int qat_sw_poll(void)`, called from the one thread that
+            // submits requests (its queues are this thread's, see `ffi::module_symbols`).
+            unsafe { poll() };
+            self.last_poll = Instant::now();
+            let mut resumed = false;
+            while let Ok(m) = rx.try_recv() {
+                resumed |= matches!(m, Message::Resume(_));
+                self.handle(m);
+            }
+            if !resumed {
+                return;
             }
         }
     }
@@ -253,7 +335,7 @@ impl SignerThread {
                 to_come,
                 batch,
                 waited,
-                self.batch_wait,
+                self.wait_limit(part.kind),
                 part.software_cost,
             ) {
                 i += 1;
@@ -263,11 +345,7 @@ impl SignerThread {
             self.stats
                 .held
                 .fetch_sub(part.held.len() as i64, Ordering::Relaxed);
-            let batch_cost = self
-                .batch_costs
-                .iter()
-                .find(|(k, _)| *k == part.kind)
-                .map(|(_, c)| *c);
+            let batch_cost = self.stats.batch_cost(part.kind);
             if part_batch_pays(part.held.len(), part.held[0].software_cost, batch_cost) {
                 // The held signatures in software would cost more than a whole batch: they
                 // go to the provider as they are, and qat_sw computes them when its poll
@@ -287,18 +365,44 @@ impl SignerThread {
         }
     }
 
+    /// How long (in progress) a part batch of `kind` that can fill may wait: `batch_wait`, or
+    /// twice the time a whole batch takes to arrive at the measured rate where that is
+    /// longer. Under a CPU budget a batch of RSA-4096 handshakes arrives over several
+    /// milliseconds of the process's CPU (every one of them also decrypts its request), and a
+    /// fixed wait shorter than that sent part batches on that the next few arrivals would
+    /// have filled. The wall-clock limit ([`THROTTLED_WAIT_LIMIT`]) still bounds it.
+    fn wait_limit(&self, kind: OperationKind) -> Duration {
+        let to_fill = self
+            .arrivals
+            .iter()
+            .find(|a| a.kind == kind)
+            .and_then(|a| a.gap)
+            .map_or(Duration::ZERO, |gap| gap * 2 * self.batch as u32);
+        self.batch_wait.max(to_fill).min(THROTTLED_WAIT_LIMIT)
+    }
+
     /// Adds a handshake's signature to the part batch of its kind; a batch that is full
     /// goes to the provider whole.
     fn hold(&mut self, request: Box<Request>) {
         let kind = request.kind;
+        let (now, cpu) = (Instant::now(), process_cpu_time());
+        match self.arrivals.iter_mut().find(|a| a.kind == kind) {
+            Some(arrivals) => arrivals.arrived(now, cpu),
+            None => self.arrivals.push(Arrivals {
+                kind,
+                last_wall: now,
+                last_cpu: cpu,
+                gap: None,
+            }),
+        }
         let at = match self.forming.iter().position(|p| p.kind == kind) {
             Some(at) => at,
             None => {
                 self.forming.push(PartBatch {
                     kind,
                     held: Vec::with_capacity(self.batch),
-                    since: Instant::now(),
-                    since_cpu: process_cpu_time(),
+                    since: now,
+                    since_cpu: cpu,
                     software_cost: request.software_cost,
                 });
                 self.forming.len() - 1
@@ -402,15 +506,8 @@ impl SignerThread {
         if let (Some(submitted), true) = (request.submitted, paused) {
             // Every job of a batch finishes when the batch does: each one's time is the
             // batch's (the start-up proof's batch is the first measured).
-            let took = submitted.elapsed();
-            match self
-                .batch_costs
-                .iter_mut()
-                .find(|(k, _)| *k == request.kind)
-            {
-                Some((_, cost)) => *cost = (*cost).min(took),
-                None => self.batch_costs.push((request.kind, took)),
-            }
+            self.stats
+                .record_batch_cost(request.kind, submitted.elapsed());
         }
         let stock = matches!(request.work, Work::X25519Keygen);
         finish(request, paused, ok, &self.keys, &self.stats);

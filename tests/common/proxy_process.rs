@@ -64,10 +64,20 @@ impl ProxyProcess {
 
     /// [`Self::start_raw`] with the proxy binary at `bin` (a copy an upgrade test replaces).
     pub fn start_binary(bin: &Path, args: &[String]) -> Self {
+        Self::start_binary_with_env(bin, args, &[])
+    }
+
+    /// [`Self::start_raw`] with these environment variables set for the proxy alone.
+    pub fn start_with_env(args: &[String], env: &[(&str, String)]) -> Self {
+        Self::start_binary_with_env(&binary("proxy"), args, env)
+    }
+
+    fn start_binary_with_env(bin: &Path, args: &[String], env: &[(&str, String)]) -> Self {
         let dir = temp_dir("proxy");
         let log = dir.join("proxy.log");
         let mut cmd = Command::new(bin);
         cmd.arg("run").args(args).env("RUST_LOG", "info");
+        cmd.envs(env.iter().map(|(k, v)| (*k, v.as_str())));
         if !args.iter().any(|a| a == "--admin") {
             cmd.args(["--admin", "127.0.0.1:0"]);
         }

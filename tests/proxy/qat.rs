@@ -148,16 +148,25 @@ fn missing_module_and_wrong_names_are_refused_clearly() {
         out.contains("/nonexistent/ossl-modules: no such file or directory"),
         "{out}"
     );
-    // External polling: QAT_Engine's provider offers applications no poll call, so nothing
-    // would collect completions; refused before anything is loaded.
-    for mode in ["external", "heuristic"] {
-        let (code, out) = start_failure(&["--qat-polling", mode]);
-        assert_eq!(code, 2, "{out}");
-        assert!(
-            out.contains(&format!("qat.polling = \"{mode}\"")) && out.contains("no call"),
-            "{out}"
-        );
-    }
+    // Heuristic polling is refused before anything is loaded; external polling needs the
+    // module's own poll call (QAT_Engine's qat_sw_poll), which a module that is not
+    // QAT_Engine's lacks: nothing would ever complete its jobs.
+    let (code, out) = start_failure(&["--qat-polling", "heuristic"]);
+    assert_eq!(code, 2, "{out}");
+    assert!(
+        out.contains("qat.polling = \"heuristic\"") && out.contains("use \"external\""),
+        "{out}"
+    );
+    let (code, out) = start_failure(&[
+        "--qat-polling",
+        "external",
+        "--qat-provider-name",
+        "legacy",
+        "--qat-module-path",
+        &dir,
+    ]);
+    assert_eq!(code, 1, "{out}");
+    assert!(out.contains("exports no qat_sw_poll"), "{out}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -20,7 +20,7 @@
 //! does not offload).
 
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -80,11 +80,15 @@ async fn qat_sw_signs_concurrent_handshakes_in_batches_and_leaves_the_record_lay
     let Some(modules) = modules("QAT_PROVIDER_DIR") else {
         return;
     };
-    for alg in [
-        CertAlgorithmName::Rsa2048,
-        CertAlgorithmName::EcdsaP256,
-        CertAlgorithmName::Rsa4096,
-        CertAlgorithmName::EcdsaP384,
+    // Every algorithm with the provider's own polling thread, and the two whose signatures
+    // batch with the signer polling the provider itself (`qat.polling = "external"`).
+    for (alg, polling) in [
+        (CertAlgorithmName::Rsa2048, "internal"),
+        (CertAlgorithmName::EcdsaP256, "internal"),
+        (CertAlgorithmName::Rsa4096, "internal"),
+        (CertAlgorithmName::EcdsaP384, "internal"),
+        (CertAlgorithmName::Rsa4096, "external"),
+        (CertAlgorithmName::EcdsaP384, "external"),
     ] {
         // The key stock is opt-in (see `resumed_sessions_...` below); its batches are
         // checked here, with full handshakes only.
@@ -99,9 +103,20 @@ async fn qat_sw_signs_concurrent_handshakes_in_batches_and_leaves_the_record_lay
                 "2",
                 "--qat-offload-x25519",
                 "true",
+                "--qat-polling",
+                polling,
             ],
         );
         let log = proxy.log_text();
+        let external = polling == "external";
+        assert!(
+            log.contains(if external {
+                "polling=External"
+            } else {
+                "polling=Internal"
+            }),
+            "{log}"
+        );
         assert!(
             log.contains(
                 "signature fetched from provider \\\"qatprovider\\\", offloaded (a batch of 8"
@@ -110,7 +125,14 @@ async fn qat_sw_signs_concurrent_handshakes_in_batches_and_leaves_the_record_lay
             ),
             "{log}"
         );
-        assert!(log.contains("enable_external_polling=0"), "{log}");
+        assert!(
+            log.contains(if external {
+                "enable_external_polling=1"
+            } else {
+                "enable_external_polling=0"
+            }),
+            "{log}"
+        );
         let before = proxy.metrics();
         assert_eq!(
             metric_value(
@@ -181,16 +203,31 @@ async fn qat_sw_signs_concurrent_handshakes_in_batches_and_leaves_the_record_lay
             );
         }
 
-        // One handshake alone: signed in software, not parked waiting for a batch.
-        let sync_before = metric_sum(&m, "proxy_qat_signatures_total", &[("outcome", "software")]);
+        // One handshake alone is not parked waiting for a batch that cannot fill: RSA-2048
+        // and P-256 sign in software at once (a batch of RSA-2048 costs more than one
+        // signature in software); P-384 goes to the provider as a batch of one, which
+        // qat_sw computes in a fraction of OpenSSL 3.0's software P-384; RSA-4096 goes
+        // either way, as this host's measured batch and software costs decide.
+        let outcomes: &[&str] = match alg {
+            CertAlgorithmName::EcdsaP384 => &["offloaded"],
+            CertAlgorithmName::Rsa4096 => &["offloaded", "software"],
+            _ => &["software"],
+        };
+        let signed = |m: &str| -> f64 {
+            outcomes
+                .iter()
+                .map(|o| metric_sum(m, "proxy_qat_signatures_total", &[("outcome", o)]))
+                .sum()
+        };
+        let lone_before = signed(&m);
         let started = Instant::now();
         let a = get(proxy.addr, "/alone").await.unwrap();
         assert_eq!(a.status, 200);
         let m = proxy.metrics();
         assert_eq!(
-            metric_sum(&m, "proxy_qat_signatures_total", &[("outcome", "software")]),
-            sync_before + 1.0,
-            "a lone handshake should be signed in software:\n{m}"
+            signed(&m),
+            lone_before + 1.0,
+            "a lone {alg:?} handshake should be signed {outcomes:?}:\n{m}"
         );
         assert!(
             started.elapsed() < Duration::from_secs(5),
@@ -314,44 +351,59 @@ fn a_provider_that_is_loaded_but_not_offloading_is_named_as_such() {
 }
 
 /// The provider reads its settings from the OpenSSL configuration section the proxy writes
-/// (the debug build logs what it read), and a section that turns on external polling,
-/// which the provider offers no poll call for, leaves signatures unanswered: the proof
-/// fails after its timeout instead of the proxy hanging, which is why the proxy refuses
-/// `qat.polling = "external"` itself.
+/// (the debug build logs what it read): external polling off by default, on with
+/// `--qat-polling external`.
 #[test]
 #[ignore = "needs an installed QAT_Engine provider: QAT_PROVIDER_DIR (deploy/QAT.md)"]
 fn the_provider_reads_the_settings_the_proxy_writes() {
     let Some(debug) = modules("QAT_PROVIDER_DEBUG_DIR") else {
         return;
     };
-    let (cert, key) = server_cert(CertAlgorithmName::Rsa2048);
-    let (cert, key) = (cert.display().to_string(), key.display().to_string());
-    // Start, prove, then exit on SIGTERM: run it as a real server for a moment.
-    let mut proxy = ProxyProcess::start(
-        "http://127.0.0.1:1",
-        ProviderName::OpensslQat,
-        CertAlgorithmName::Rsa2048,
-        &["--qat-module-path", &debug],
-    );
-    let log = proxy.log_text();
-    assert!(log.contains("- External polling: OFF"), "{log}");
-    assert!(log.contains("- Heuristic polling: OFF"), "{log}");
-    proxy.terminate();
-    proxy.wait_exit(Duration::from_secs(10));
+    for (flag, external) in [("internal", "OFF"), ("external", "ON")] {
+        let mut proxy = ProxyProcess::start(
+            "http://127.0.0.1:1",
+            ProviderName::OpensslQat,
+            CertAlgorithmName::Rsa2048,
+            &["--qat-module-path", &debug, "--qat-polling", flag],
+        );
+        let log = proxy.log_text();
+        assert!(
+            log.contains(&format!("- External polling: {external}")),
+            "{log}"
+        );
+        assert!(log.contains("- Heuristic polling: OFF"), "{log}");
+        proxy.terminate();
+        proxy.wait_exit(Duration::from_secs(10));
+    }
+}
 
-    // check-config shows the section; turn external polling on in it, as a user's
-    // OPENSSL_CONF could, and start with that file.
+/// An `OPENSSL_CONF` that activates the provider with external polling on (as a user's own
+/// file may) wins over `qat.polling`: the proxy reads the provider's own setting, polls it
+/// through the module's `qat_sw_poll`, proves at start-up that it offloads, and serves. (The
+/// proxy once left such a provider unpolled: the proof timed out and the proxy refused to
+/// start.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs an installed QAT_Engine provider: QAT_PROVIDER_DIR (deploy/QAT.md)"]
+async fn an_openssl_conf_with_external_polling_is_polled_by_the_proxy() {
+    let Some(modules) = modules("QAT_PROVIDER_DIR") else {
+        return;
+    };
+    let upstream = EchoUpstream::start();
+    let (cert, key) = server_cert(CertAlgorithmName::EcdsaP384);
+    let (cert, key) = (cert.display().to_string(), key.display().to_string());
     let dir = temp_dir("qat-settings");
     let toml = dir.join("proxy.toml");
     std::fs::write(
         &toml,
         format!(
-            "provider = \"openssl-qat\"\n[qat]\nmodule_path = \"{debug}/qatprovider.so\"\n\
+            "provider = \"openssl-qat\"\n[qat]\nmodule_path = \"{modules}/qatprovider.so\"\n\
              [[listener]]\nlisten = \"127.0.0.1:0\"\ncert = \"{cert}\"\nkey = \"{key}\"\n\
-             upstream = \"http://127.0.0.1:6333\"\n"
+             upstream = \"{upstream}\"\n",
+            upstream = upstream.url()
         ),
     )
     .unwrap();
+    // check-config shows the section it would load; turn external polling on in it.
     let (status, out) = run_proxy_to_exit(&["check-config", &toml.display().to_string()]);
     assert!(status.success(), "{out}");
     let section: String = out
@@ -361,26 +413,57 @@ fn the_provider_reads_the_settings_the_proxy_writes() {
         .filter_map(|l| l.strip_prefix("#   "))
         .map(|l| match l {
             "enable_external_polling = 0" => "enable_external_polling = 1\n".to_owned(),
-            "enable_heuristic_polling = 0" => "enable_heuristic_polling = 1\n".to_owned(),
             other => format!("{other}\n"),
         })
         .collect();
     assert!(section.contains("enable_external_polling = 1"), "{out}");
     let cnf = dir.join("openssl.cnf");
     std::fs::write(&cnf, &section).unwrap();
-    let output = Command::new(binary("proxy"))
-        .args(["run", "--config", &toml.display().to_string()])
-        .args(["--admin", "127.0.0.1:0"])
-        .env("OPENSSL_CONF", &cnf)
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&output.stderr);
-    assert_eq!(output.status.code(), Some(1), "{text}");
-    assert!(text.contains("- External polling: ON"), "{text}");
-    assert!(text.contains("- Heuristic polling: ON"), "{text}");
-    assert!(text.contains("from OPENSSL_CONF="), "{text}");
-    assert!(text.contains("no signature within 10 s"), "{text}");
+
+    let proxy = ProxyProcess::start_with_env(
+        &["--config".to_owned(), toml.display().to_string()],
+        &[("OPENSSL_CONF", cnf.display().to_string())],
+    );
+    let log = proxy.log_text();
+    assert!(log.contains("from OPENSSL_CONF="), "{log}");
+    assert!(log.contains("polling=External"), "{log}");
+    // The start-up proof's eight signatures completed: the proxy's polls computed them.
+    let m = proxy.metrics();
+    assert_eq!(
+        metric_sum(
+            &m,
+            "proxy_qat_signatures_total",
+            &[("outcome", "offloaded")]
+        ),
+        8.0,
+        "{m}"
+    );
+    // Handshakes at once batch and complete the same way.
+    let mut tasks = Vec::new();
+    for _ in 0..CONCURRENT {
+        let addr = proxy.addr;
+        tasks.push(tokio::spawn(async move {
+            let cfg = client_config(&ClientOpts::default());
+            request_bounded(addr, cfg, "GET", "/p384", &[], Bytes::new()).await
+        }));
+    }
+    for t in tasks {
+        assert_eq!(t.await.unwrap().unwrap().status, 200);
+    }
+    let m = proxy.metrics();
+    assert!(
+        metric_sum(
+            &m,
+            "proxy_qat_signatures_total",
+            &[("outcome", "offloaded")]
+        ) > 8.0,
+        "no handshake signature offloaded with {CONCURRENT} at once:\n{m}"
+    );
+    assert_eq!(
+        metric_sum(&m, "proxy_qat_signatures_total", &[("outcome", "failed")]),
+        0.0,
+        "{m}"
+    );
     std::fs::remove_dir_all(&dir).ok();
 }
 

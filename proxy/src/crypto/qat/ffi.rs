@@ -132,7 +132,7 @@ pub(super) struct ModuleSymbols {
     pub(super) poll: Option<PollFn>,
     /// The provider's `enable_external_polling` as it read its settings, where exported.
     pub(super) external_polling: Option<bool>,
-    /// qat_sw's `mb_poll_timeout_time`, where exported (see [`compute_part_batches_at_once`]).
+    /// qat_sw's `mb_poll_timeout_time`, where exported (see [`Self::compute_part_batches_at_once`]).
     poll_timeout: Option<*mut libc::timespec>,
 }
 

@@ -207,6 +207,21 @@ pub struct Waited {
 /// most qat_sw's own poll timer waits too (it steps from 10 ms up to 200 ms).
 pub const THROTTLED_WAIT_LIMIT: Duration = Duration::from_millis(200);
 
+/// How long (in progress: see [`part_batch_waits`]) a part batch that can fill may wait:
+/// `batch_wait`, or twice the time a whole batch takes to arrive at the measured gap between
+/// two signatures of its kind where that is longer, up to [`THROTTLED_WAIT_LIMIT`]. Under a
+/// CPU budget RSA-4096 signatures arrive several milliseconds of process CPU apart (every
+/// handshake also decrypts its request), and a fixed wait shorter than a batch's arrival sent
+/// on part batches that the next few arrivals would have filled.
+pub fn rate_aware_wait(
+    batch_wait: Duration,
+    arrival_gap: Option<Duration>,
+    batch: usize,
+) -> Duration {
+    let to_fill = arrival_gap.map_or(Duration::ZERO, |gap| gap * 2 * batch as u32);
+    batch_wait.max(to_fill.min(THROTTLED_WAIT_LIMIT))
+}
+
 /// Whether a part batch keeps waiting. While the signatures held (`held`) and those still
 /// to come from handshakes under way (`to_come`) make a batch, for `batch_wait` of progress:
 /// the lesser of wall-clock and process CPU time, so that a proxy under a CPU budget, frozen

@@ -65,11 +65,11 @@ pub use super::ffi::PollFn;
 use super::kx;
 use job::{sign_in_software, wait, Answer, Finished, Message, Output, Request, Work};
 pub use kinds::{
-    part_batch_pays, part_batch_waits, OperationKind, Padding, ProviderRef, SignError, Signed,
-    SignerStats, Waited, THROTTLED_WAIT_LIMIT,
+    part_batch_pays, part_batch_waits, rate_aware_wait, OperationKind, Padding, ProviderRef,
+    SignError, Signed, SignerStats, Waited, THROTTLED_WAIT_LIMIT,
 };
 use kinds::{KeyStock, KEY_STOCK_BATCHES};
-use thread::SignerThread;
+use thread::{Drive, SignerThread};
 
 thread_local! {
     /// Set while this thread runs a handshake's signing step that may wait for a batch
@@ -163,15 +163,18 @@ impl AsyncSigner {
         let (ready_tx, ready_rx) = mpsc::sync_channel(1);
         let batch = batch.max(1);
         let keys = Arc::new(KeyStock::default());
-        let thread = SignerThread::new(
-            tx.clone(),
-            max_in_flight.max(batch),
+        let drive = Drive {
+            slots: max_in_flight.max(batch),
             batch,
             batch_wait,
+            poll,
+        };
+        let thread = SignerThread::new(
+            tx.clone(),
+            drive,
             stats.clone(),
             keys.clone(),
             property_query.clone(),
-            poll,
         );
         std::thread::Builder::new()
             .name("qat-signer".to_owned())
@@ -562,8 +565,9 @@ mod tests {
         assert_eq!(stats.to_sign.load(Ordering::Relaxed), 0);
     }
 
-    /// Three signatures and nobody else under way: they cannot make a batch of four, so
-    /// they are signed in software at once, not after batch_wait.
+    /// Three signatures and nobody else under way: they cannot make a batch of four, and no
+    /// batch has shown that a lone one pays in the provider, so they are signed in software
+    /// at once, without a trip to the signer.
     #[test]
     fn a_part_batch_that_cannot_fill_is_signed_in_software_at_once() {
         let signer = signer(Duration::from_secs(5));
@@ -576,7 +580,70 @@ mod tests {
         let stats = signer.stats();
         assert_eq!(stats.software.load(Ordering::Relaxed), (BATCH - 1) as u64);
         assert_eq!(stats.batches.load(Ordering::Relaxed), 0);
-        assert!(stats.released.load(Ordering::Relaxed) >= 1);
+        assert_eq!(stats.released.load(Ordering::Relaxed), 0);
+        assert_eq!(stats.held.load(Ordering::Relaxed), 0);
+    }
+
+    /// A lone signature whose kind the provider has been measured to batch faster than one
+    /// software signature goes to the signer and on to the provider as a part batch of one,
+    /// after waiting at most one software signature's time for company.
+    #[test]
+    fn a_lone_signature_goes_to_the_provider_where_a_batch_of_one_pays() {
+        let signer = signer(Duration::from_secs(5));
+        let key = p256();
+        let kind = OperationKind::of(&key);
+        signer
+            .stats()
+            .record_batch_cost(kind, Duration::from_nanos(1));
+        let mut handshake = HandshakeInFlight::new(&signer);
+        let software_cost = Duration::from_millis(1);
+        let started = Instant::now();
+        let signed = AsyncSigner::offload_step(&mut handshake, || {
+            signer.sign(
+                &key,
+                kind,
+                software_cost,
+                c"SHA256",
+                Padding::None,
+                b"transcript",
+            )
+        })
+        .unwrap();
+        drop(handshake);
+        assert!(!signed.in_software, "signed through a job");
+        let took = started.elapsed();
+        assert!(took < Duration::from_secs(2), "waited {took:?}");
+        let stats = signer.stats();
+        assert_eq!(stats.part_batches.load(Ordering::Relaxed), 1);
+        assert_eq!(stats.software.load(Ordering::Relaxed), 0);
+        assert_settled(stats);
+    }
+
+    /// The wait for a part batch that can fill follows the rate its kind arrives at.
+    #[test]
+    fn the_part_batch_wait_follows_the_arrival_rate() {
+        let wait = Duration::from_millis(5);
+        assert_eq!(rate_aware_wait(wait, None, 8), wait);
+        // Eight arrivals 1 ms apart take 8 ms: wait twice that.
+        assert_eq!(
+            rate_aware_wait(wait, Some(Duration::from_millis(1)), 8),
+            Duration::from_millis(16)
+        );
+        // Fast arrivals never shorten the configured wait.
+        assert_eq!(
+            rate_aware_wait(wait, Some(Duration::from_micros(10)), 8),
+            wait
+        );
+        // Slow arrivals are capped at two CFS periods, a longer configured wait is kept.
+        assert_eq!(
+            rate_aware_wait(wait, Some(Duration::from_millis(50)), 8),
+            THROTTLED_WAIT_LIMIT
+        );
+        let long = Duration::from_millis(500);
+        assert_eq!(
+            rate_aware_wait(long, Some(Duration::from_millis(50)), 8),
+            long
+        );
     }
 
     /// Three signatures held while a fourth handshake is under way: they wait for it; when

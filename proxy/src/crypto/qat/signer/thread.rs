@@ -19,8 +19,8 @@ use super::job::{
     ASYNC_STATUS_EAGAIN, ASYNC_STATUS_OK,
 };
 use super::kinds::{
-    part_batch_pays, part_batch_waits, KeyStock, OperationKind, ProviderRef, SignerStats, Waited,
-    KEY_STOCK_BATCHES, THROTTLED_WAIT_LIMIT,
+    part_batch_pays, part_batch_waits, rate_aware_wait, KeyStock, OperationKind, ProviderRef,
+    SignerStats, Waited, KEY_STOCK_BATCHES, THROTTLED_WAIT_LIMIT,
 };
 
 /// How soon a job the provider turned away (no free request slot) is tried again.
@@ -151,17 +151,29 @@ pub(super) struct SignerThread {
 // struct is moved into that thread before any of them is touched.
 unsafe impl Send for SignerThread {}
 
+/// How the signer thread drives the provider: its job slots, the batch it forms and how
+/// long a part batch may wait, and the provider's poll call under external polling.
+pub(super) struct Drive {
+    pub(super) slots: usize,
+    pub(super) batch: usize,
+    pub(super) batch_wait: Duration,
+    pub(super) poll: Option<PollFn>,
+}
+
 impl SignerThread {
     pub(super) fn new(
         tx: mpsc::Sender<Message>,
-        slots: usize,
-        batch: usize,
-        batch_wait: Duration,
+        drive: Drive,
         stats: Arc<SignerStats>,
         keys: Arc<KeyStock>,
         property_query: Arc<CString>,
-        poll: Option<PollFn>,
     ) -> Self {
+        let Drive {
+            slots,
+            batch,
+            batch_wait,
+            poll,
+        } = drive;
         // The provider may call a slot's callback late (after the job already saw its
         // result and finished); a stale wake-up only makes us resume an idle slot, which is
         // ignored, so the callback arguments must outlive every job: they are leaked, a few
@@ -365,20 +377,15 @@ impl SignerThread {
         }
     }
 
-    /// How long (in progress) a part batch of `kind` that can fill may wait: `batch_wait`, or
-    /// twice the time a whole batch takes to arrive at the measured rate where that is
-    /// longer. Under a CPU budget a batch of RSA-4096 handshakes arrives over several
-    /// milliseconds of the process's CPU (every one of them also decrypts its request), and a
-    /// fixed wait shorter than that sent part batches on that the next few arrivals would
-    /// have filled. The wall-clock limit ([`THROTTLED_WAIT_LIMIT`]) still bounds it.
+    /// How long (in progress) a part batch of `kind` that can fill may wait, at the rate its
+    /// signatures arrive ([`rate_aware_wait`]).
     fn wait_limit(&self, kind: OperationKind) -> Duration {
-        let to_fill = self
+        let gap = self
             .arrivals
             .iter()
             .find(|a| a.kind == kind)
-            .and_then(|a| a.gap)
-            .map_or(Duration::ZERO, |gap| gap * 2 * self.batch as u32);
-        self.batch_wait.max(to_fill).min(THROTTLED_WAIT_LIMIT)
+            .and_then(|a| a.gap);
+        rate_aware_wait(self.batch_wait, gap, self.batch)
     }
 
     /// Adds a handshake's signature to the part batch of its kind; a batch that is full

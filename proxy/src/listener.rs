@@ -350,7 +350,7 @@ async fn handshake(
         io,
         |server_name| current.config_for(server_name),
         &ctx.offload,
-        current.waits_for_signer(),
+        current.qat_signing(),
     );
     // Until the ClientHello names a server, failures count against the default certificate.
     let m = &current.metrics;

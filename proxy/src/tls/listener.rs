@@ -142,13 +142,21 @@ impl ListenerTls {
             .map_or(&self.metrics, |s| &s.metrics)
     }
 
-    /// Handshakes may wait for the asynchronous QAT signer: openssl-qat in effect, with a
-    /// certificate whose signatures are offloaded.
-    pub fn waits_for_signer(&self) -> bool {
-        self.plan.provider == ProviderName::OpensslQat
-            && std::iter::once(self.algorithm)
-                .chain(self.sni.iter().map(|s| s.algorithm))
-                .any(crate::crypto::qat::offloads_signatures_of)
+    /// Whether handshakes may wait for the asynchronous QAT signer (openssl-qat in effect,
+    /// with a certificate whose signatures are offloaded), and when they leave the reactor
+    /// for it.
+    pub fn qat_signing(&self) -> super::QatSigning {
+        let algorithms =
+            || std::iter::once(self.algorithm).chain(self.sni.iter().map(|s| s.algorithm));
+        if self.plan.provider != ProviderName::OpensslQat
+            || !algorithms().any(crate::crypto::qat::offloads_signatures_of)
+        {
+            super::QatSigning::No
+        } else if algorithms().any(crate::crypto::qat::signs_off_the_reactor) {
+            super::QatSigning::OffTheReactor
+        } else {
+            super::QatSigning::WhenBatchesForm
+        }
     }
 
     /// Publishes what this listener serves in the metrics: the default certificate's

@@ -247,13 +247,32 @@ pub struct HandshakeError {
     pub source: io::Error,
 }
 
+/// Where an openssl-qat listener's handshakes sign (see [`accept`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum QatSigning {
+    /// Not through the QAT signer: another provider, or a certificate kept in software.
+    No,
+    /// On a blocking thread, through the signer, while a batch's worth of openssl-qat
+    /// handshakes is under way; otherwise where `offload` says, in software.
+    WhenBatchesForm,
+    /// Always on a blocking thread (the signer decides there whether the signature joins a
+    /// batch): a software signature of the listener's algorithm would hold a reactor thread
+    /// for milliseconds (see `crypto::qat::signs_off_the_reactor`).
+    OffTheReactor,
+}
+
 /// Reads the ClientHello, builds the connection (where the server signs) according to
-/// `offload`, and completes the handshake. `waits_for_signer` (openssl-qat, with the
-/// provider active) overrides `offload`: the signing step runs on tokio's blocking threads,
-/// as many at once as there are handshakes (a pool of a few workers would cap the batch at
-/// the pool's size). While enough handshakes are under way to fill the provider's batches
-/// the signature is computed in a batch on the QAT signer thread and the step only waits
-/// for it; otherwise it signs in software on that blocking thread.
+/// `offload`, and completes the handshake. `qat` (openssl-qat) overrides `offload` when the
+/// signing step leaves the reactor: it then runs on tokio's blocking threads, as many at
+/// once as there are handshakes (a pool of a few workers would cap the batch at the pool's
+/// size), and the signer decides there whether the signature joins a batch on the QAT
+/// signer thread (the step then only waits for it) or is made in software at once.
+///
+/// Signing RSA-4096 in software on a reactor thread held the accept loop for the
+/// signature's whole time: connections waited in the listen queue, where no count sees
+/// them, fewer handshakes were under way than a batch needs, and the next signature went
+/// to software on the reactor too. Under a 0.1-core budget with 32 clients, rounds that
+/// fell into that state offloaded 4-31 % of RSA-4096 signatures, the others 90 %.
 ///
 /// `choose` picks the configuration by the server name the client asked for (SNI), once
 /// its ClientHello has arrived.
@@ -261,7 +280,7 @@ pub async fn accept<IO, C>(
     io: IO,
     choose: C,
     offload: &Offload,
-    waits_for_signer: bool,
+    qat: QatSigning,
 ) -> Result<TlsStream<IO>, HandshakeError>
 where
     IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
@@ -269,8 +288,10 @@ where
 {
     // Counted from accept to the last flight, so that the QAT signer knows how many
     // signatures are still to come: a part batch waits only while they can fill it.
-    let qat = waits_for_signer.then(crate::crypto::qat::active).flatten();
-    let mut counted = qat
+    let state = (qat != QatSigning::No)
+        .then(crate::crypto::qat::active)
+        .flatten();
+    let mut counted = state
         .as_ref()
         .map(|state| crate::crypto::qat::signer::HandshakeInFlight::new(state.signer()));
     let start = LazyConfigAcceptor::new(rustls::server::Acceptor::default(), io)
@@ -280,21 +301,23 @@ where
             source,
         })?;
     let config = choose(start.client_hello().server_name());
-    // `into_stream` processes the ClientHello and produces the server's first flight, which
-    // includes the signature (TLS 1.3 CertificateVerify, TLS 1.2 ServerKeyExchange): that
-    // call is what the pool takes off the reactor.
+    let leaves_reactor = match (&state, &counted) {
+        (Some(state), Some(handshake)) => {
+            qat == QatSigning::OffTheReactor || handshake.may_fill_a_batch(state.signer())
+        }
+        _ => false,
+    };
+    if !leaves_reactor {
+        // Signed in software where `offload` says: no work for a batch to wait for.
+        if let Some(handshake) = counted.as_mut() {
+            handshake.asks_no_more();
+        }
+    }
     let accept = match offload {
-        // An openssl-qat handshake never signs on a reactor thread, batched or not: an
-        // RSA-4096 signature made there in software holds the accept loop for its whole
-        // time, connections wait in the listen queue where no count sees them, fewer
-        // handshakes are under way than a batch needs, and the next one signs in software
-        // on the reactor too. Measured under a 0.1-core budget with 32 clients: rounds that
-        // fell into that state offloaded 4-31 % of RSA-4096 signatures, the others 90 %.
-        // A hand-off to a blocking thread costs tens of microseconds; the signature it
-        // keeps off the reactor, milliseconds. The signer decides there whether the
-        // signature joins a batch or is made in software at once.
-        _ if counted.is_some() => {
-            let mut handshake = counted.take().expect("checked in the guard");
+        _ if leaves_reactor => {
+            let mut handshake = counted
+                .take()
+                .expect("leaves the reactor only with a counted handshake");
             let (handshake, accept) = tokio::task::spawn_blocking(move || {
                 let accept =
                     crate::crypto::qat::signer::AsyncSigner::offload_step(&mut handshake, || {

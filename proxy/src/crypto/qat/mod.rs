@@ -674,6 +674,18 @@ pub fn offloads_signatures_of(algorithm_label: &str) -> bool {
     active().is_some_and(|state| state.offload_p256 || algorithm_label != "ecdsa-p256")
 }
 
+/// Whether handshakes with a certificate of this algorithm (its metric label) sign on a
+/// blocking thread even when no batch can form: where one software signature holds a
+/// reactor thread long enough to starve its accept loop (RSA from 3072 bits: milliseconds;
+/// P-384 and P-521, which OpenSSL 3.0 signs without a fast implementation: about 0.8 ms,
+/// and which a qat_sw batch of one beats). RSA-2048 (0.25 ms) and P-256 sign on the reactor
+/// below a batch's worth of handshakes: under `loadgen compare`'s 0.1-core budget, handing
+/// every RSA-2048 handshake to a blocking thread cost a quarter of openssl-qat's
+/// requests/s (77.6 against 102 for openssl).
+pub fn signs_off_the_reactor(algorithm_label: &str) -> bool {
+    !matches!(algorithm_label, "rsa2048" | "ecdsa-p256")
+}
+
 impl QatState {
     /// The signer handshakes sign through.
     pub fn signer(&self) -> &AsyncSigner {

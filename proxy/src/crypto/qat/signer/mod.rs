@@ -100,6 +100,12 @@ impl HandshakeInFlight {
         }
     }
 
+    /// True when enough openssl-qat handshakes are under way that this one's signature may
+    /// complete a batch (always, for `batch = 1`).
+    pub fn may_fill_a_batch(&self, signer: &AsyncSigner) -> bool {
+        self.stats.handshakes.load(Ordering::Relaxed) >= signer.batch as i64
+    }
+
     /// This handshake will ask the signer for no signature (it signed elsewhere, was
     /// resumed, or failed): part batches held for it stop waiting.
     pub fn asks_no_more(&mut self) {

@@ -1,5 +1,5 @@
 //! The `proxy` binary: see `proxy --help`.
 
 fn main() -> std::process::ExitCode {
-    proxy::cli::main()
+    proxy::main()
 }

@@ -73,7 +73,7 @@ impl LogBudget {
     }
 }
 
-/// `tracing::warn!` for a line a remote peer caused, within [`PEER`]'s budget.
+/// `tracing::warn!` for a line a remote peer caused, within `PEER`'s budget.
 #[macro_export]
 macro_rules! peer_warn {
     ($($arg:tt)+) => {

@@ -90,165 +90,181 @@ async fn qat_sw_signs_concurrent_handshakes_in_batches_and_leaves_the_record_lay
         (CertAlgorithmName::Rsa4096, "external"),
         (CertAlgorithmName::EcdsaP384, "external"),
     ] {
-        // The key stock is opt-in (see `resumed_sessions_...` below); its batches are
-        // checked here, with full handshakes only.
-        let proxy = ProxyProcess::start(
-            &upstream.url(),
-            ProviderName::OpensslQat,
-            alg,
-            &[
-                "--qat-module-path",
-                &modules,
-                "--worker-threads",
-                "2",
-                "--qat-offload-x25519",
-                "true",
-                "--qat-polling",
-                polling,
-            ],
-        );
-        let log = proxy.log_text();
-        let external = polling == "external";
-        assert!(
-            log.contains(if external {
-                "polling=External"
-            } else {
-                "polling=Internal"
-            }),
-            "{log}"
-        );
-        assert!(
-            log.contains(
-                "signature fetched from provider \\\"qatprovider\\\", offloaded (a batch of 8"
-            ) || log.contains(
-                "signature fetched from provider \"qatprovider\", offloaded (a batch of 8"
-            ),
-            "{log}"
-        );
-        assert!(
-            log.contains(if external {
-                "enable_external_polling=1"
-            } else {
-                "enable_external_polling=0"
-            }),
-            "{log}"
-        );
-        let before = proxy.metrics();
-        assert_eq!(
-            metric_value(
-                &before,
-                "proxy_qat_provider_info",
-                &[("mode", "qat_sw"), ("batch", "8")]
-            ),
-            Some(1.0),
-            "{before}"
-        );
-        let offloaded_before = metric_sum(
-            &before,
-            "proxy_qat_signatures_total",
-            &[("outcome", "offloaded")],
-        );
-        // Eight proof signatures, all taken asynchronously.
-        assert!(offloaded_before >= 8.0, "{before}");
+        batches_and_a_lone_handshake(&upstream, &modules, alg, polling).await;
+    }
+}
 
-        // Many handshakes at once, each with a 64 KiB body through AES-GCM both ways.
-        let body = Bytes::from(vec![0x5a; 64 * 1024]);
-        let mut tasks = Vec::new();
-        for _ in 0..CONCURRENT {
-            let (addr, body) = (proxy.addr, body.clone());
-            tasks.push(tokio::spawn(async move {
-                let cfg = client_config(&ClientOpts::default());
-                request_bounded(addr, cfg, "POST", "/upsert", &[], body).await
-            }));
-        }
-        for t in tasks {
-            let a = t.await.unwrap().unwrap();
-            assert_eq!(a.status, 200);
-            assert_eq!(a.json()["body_len"], 64 * 1024);
-        }
-        let m = proxy.metrics();
-        let offloaded = metric_sum(
-            &m,
-            "proxy_qat_signatures_total",
-            &[("outcome", "offloaded")],
-        );
-        let software = metric_sum(&m, "proxy_qat_signatures_total", &[("outcome", "software")]);
-        if alg == CertAlgorithmName::EcdsaP256 {
-            // qat.offload_p256 is off: P-256 signatures stay where the handshake runs.
-            assert_eq!(offloaded, offloaded_before, "{m}");
-            assert!(software >= CONCURRENT as f64, "{m}");
+/// One proxy of [`qat_sw_signs_concurrent_handshakes_in_batches_and_leaves_the_record_layer_alone`]:
+/// the proof, many handshakes at once, then one alone.
+async fn batches_and_a_lone_handshake(
+    upstream: &EchoUpstream,
+    modules: &str,
+    alg: CertAlgorithmName,
+    polling: &str,
+) {
+    // The key stock is opt-in (see `resumed_sessions_...` below); its batches are
+    // checked here, with full handshakes only.
+    let proxy = ProxyProcess::start(
+        &upstream.url(),
+        ProviderName::OpensslQat,
+        alg,
+        &[
+            "--qat-module-path",
+            modules,
+            "--worker-threads",
+            "2",
+            "--qat-offload-x25519",
+            "true",
+            "--qat-polling",
+            polling,
+        ],
+    );
+    let log = proxy.log_text();
+    let external = polling == "external";
+    assert!(
+        log.contains(if external {
+            "polling=External"
         } else {
-            assert!(
-                offloaded > offloaded_before,
-                "no handshake signature was offloaded with {CONCURRENT} at once:\n{m}"
-            );
-            // Batches went to the provider, counted.
-            let batches = metric_sum(&m, "proxy_qat_batches_total", &[]);
-            assert!(batches >= 1.0, "{m}");
-        }
-        // Key pairs for X25519 were generated ahead in provider batches.
-        assert!(
-            metric_sum(
-                &m,
-                "proxy_qat_x25519_keys_total",
-                &[("outcome", "offloaded")]
-            ) >= 1.0,
-            "{m}"
-        );
-        for failed in ["proxy_qat_signatures_total", "proxy_qat_x25519_keys_total"] {
-            assert_eq!(
-                metric_sum(&m, failed, &[("outcome", "failed")]),
-                0.0,
-                "{failed}: {m}"
-            );
-        }
+            "polling=Internal"
+        }),
+        "{log}"
+    );
+    assert!(
+        log.contains(
+            "signature fetched from provider \\\"qatprovider\\\", offloaded (a batch of 8"
+        ) || log
+            .contains("signature fetched from provider \"qatprovider\", offloaded (a batch of 8"),
+        "{log}"
+    );
+    assert!(
+        log.contains(if external {
+            "enable_external_polling=1"
+        } else {
+            "enable_external_polling=0"
+        }),
+        "{log}"
+    );
+    let before = proxy.metrics();
+    assert_eq!(
+        metric_value(
+            &before,
+            "proxy_qat_provider_info",
+            &[("mode", "qat_sw"), ("batch", "8")]
+        ),
+        Some(1.0),
+        "{before}"
+    );
+    let offloaded_before = metric_sum(
+        &before,
+        "proxy_qat_signatures_total",
+        &[("outcome", "offloaded")],
+    );
+    // Eight proof signatures, all taken asynchronously.
+    assert!(offloaded_before >= 8.0, "{before}");
 
-        // One handshake alone is not parked waiting for a batch that cannot fill: RSA-2048
-        // and P-256 sign in software at once (a batch of RSA-2048 costs more than one
-        // signature in software); P-384 goes to the provider as a batch of one, which
-        // qat_sw computes in a fraction of OpenSSL 3.0's software P-384; RSA-4096 goes
-        // either way, as this host's measured batch and software costs decide.
-        let outcomes: &[&str] = match alg {
-            CertAlgorithmName::EcdsaP384 => &["offloaded"],
-            CertAlgorithmName::Rsa4096 => &["offloaded", "software"],
-            _ => &["software"],
-        };
-        let signed = |m: &str| -> f64 {
-            outcomes
-                .iter()
-                .map(|o| metric_sum(m, "proxy_qat_signatures_total", &[("outcome", o)]))
-                .sum()
-        };
-        let lone_before = signed(&m);
-        let started = Instant::now();
-        let a = get(proxy.addr, "/alone").await.unwrap();
+    // Many handshakes at once, each with a 64 KiB body through AES-GCM both ways.
+    let body = Bytes::from(vec![0x5a; 64 * 1024]);
+    let mut tasks = Vec::new();
+    for _ in 0..CONCURRENT {
+        let (addr, body) = (proxy.addr, body.clone());
+        tasks.push(tokio::spawn(async move {
+            let cfg = client_config(&ClientOpts::default());
+            request_bounded(addr, cfg, "POST", "/upsert", &[], body).await
+        }));
+    }
+    for t in tasks {
+        let a = t.await.unwrap().unwrap();
         assert_eq!(a.status, 200);
-        let m = proxy.metrics();
-        assert_eq!(
-            signed(&m),
-            lone_before + 1.0,
-            "a lone {alg:?} handshake should be signed {outcomes:?}:\n{m}"
-        );
+        assert_eq!(a.json()["body_len"], 64 * 1024);
+    }
+    let m = proxy.metrics();
+    let offloaded = metric_sum(
+        &m,
+        "proxy_qat_signatures_total",
+        &[("outcome", "offloaded")],
+    );
+    let software = metric_sum(&m, "proxy_qat_signatures_total", &[("outcome", "software")]);
+    if alg == CertAlgorithmName::EcdsaP256 {
+        // qat.offload_p256 is off: P-256 signatures stay where the handshake runs.
+        assert_eq!(offloaded, offloaded_before, "{m}");
+        assert!(software >= CONCURRENT as f64, "{m}");
+    } else {
         assert!(
-            started.elapsed() < Duration::from_secs(5),
-            "a lone handshake took {:?}",
-            started.elapsed()
+            offloaded > offloaded_before,
+            "no handshake signature was offloaded with {CONCURRENT} at once:\n{m}"
         );
+        // Batches went to the provider, counted.
+        let batches = metric_sum(&m, "proxy_qat_batches_total", &[]);
+        assert!(batches >= 1.0, "{m}");
+    }
+    // Key pairs for X25519 were generated ahead in provider batches.
+    assert!(
+        metric_sum(
+            &m,
+            "proxy_qat_x25519_keys_total",
+            &[("outcome", "offloaded")]
+        ) >= 1.0,
+        "{m}"
+    );
+    for failed in ["proxy_qat_signatures_total", "proxy_qat_x25519_keys_total"] {
         assert_eq!(
-            metric_sum(
-                &m,
-                "proxy_tls_handshakes_total",
-                &[("provider", "openssl-qat"), ("outcome", "ok")]
-            ),
-            (CONCURRENT + 1) as f64,
-            "{m}"
-        );
-        assert!(
-            !proxy.log_text().contains("SIGSEGV"),
-            "{}",
-            proxy.log_text()
+            metric_sum(&m, failed, &[("outcome", "failed")]),
+            0.0,
+            "{failed}: {m}"
         );
     }
+
+    a_lone_handshake_is_not_parked(&proxy, alg, &m).await;
+}
+
+/// One handshake alone is not parked waiting for a batch that cannot fill; `m` is a scrape
+/// from just before it.
+async fn a_lone_handshake_is_not_parked(proxy: &ProxyProcess, alg: CertAlgorithmName, m: &str) {
+    // RSA-2048
+    // and P-256 sign in software at once (a batch of RSA-2048 costs more than one
+    // signature in software); P-384 goes to the provider as a batch of one, which
+    // qat_sw computes in a fraction of OpenSSL 3.0's software P-384; RSA-4096 goes
+    // either way, as this host's measured batch and software costs decide.
+    let outcomes: &[&str] = match alg {
+        CertAlgorithmName::EcdsaP384 => &["offloaded"],
+        CertAlgorithmName::Rsa4096 => &["offloaded", "software"],
+        _ => &["software"],
+    };
+    let signed = |m: &str| -> f64 {
+        outcomes
+            .iter()
+            .map(|o| metric_sum(m, "proxy_qat_signatures_total", &[("outcome", o)]))
+            .sum()
+    };
+    let lone_before = signed(m);
+    let started = Instant::now();
+    let a = get(proxy.addr, "/alone").await.unwrap();
+    assert_eq!(a.status, 200);
+    let m = proxy.metrics();
+    assert_eq!(
+        signed(&m),
+        lone_before + 1.0,
+        "a lone {alg:?} handshake should be signed {outcomes:?}:\n{m}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "a lone handshake took {:?}",
+        started.elapsed()
+    );
+    assert_eq!(
+        metric_sum(
+            &m,
+            "proxy_tls_handshakes_total",
+            &[("provider", "openssl-qat"), ("outcome", "ok")]
+        ),
+        (CONCURRENT + 1) as f64,
+        "{m}"
+    );
+    assert!(
+        !proxy.log_text().contains("SIGSEGV"),
+        "{}",
+        proxy.log_text()
+    );
 }
 
 /// One openssl-qat cell of the provider x algorithm x TLS version matrix: a verified

@@ -49,8 +49,8 @@ use crate::metrics::ListenerMetrics;
 use crate::trust::TrustedProxies;
 use crate::upstream::{UpstreamConnector, UpstreamPool};
 
-pub use body::{BodyReturn, CappedBody, RequestBodyError, ResponseBody, UpstreamSlot};
-pub use budget::{BufferBudget, WindowGrant};
+pub use body::{CappedBody, ResponseBody};
+pub use budget::BufferBudget;
 pub(crate) use head::{connection_named, rewrite_head};
 use head::{ensure_request_id, is_grpc};
 use idle_http1::SetAside;

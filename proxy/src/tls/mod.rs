@@ -356,7 +356,7 @@ where
 
 impl HandshakeError {
     /// The bounded reason of `proxy_tls_handshake_failures_total`
-    /// ([`crate::metrics::HANDSHAKE_FAILURE_REASONS`]).
+    /// (`metrics::HANDSHAKE_FAILURE_REASONS`).
     pub fn reason(&self) -> &'static str {
         if self.kind == "offload" {
             return "offload";

@@ -19,13 +19,13 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering}
 use std::sync::Arc;
 use std::time::Duration;
 
-use prometheus::{IntCounter, IntGauge};
+use prometheus::IntCounter;
 use tokio::time::Instant;
 
 pub use addr::UpstreamAddr;
 pub use coalesce::UpstreamConnector;
 pub use settings::{Balance, HealthCheckConfig, HealthCheckKind, UpstreamTlsConfig};
-pub use tls::{UpstreamTls, UpstreamTlsPair};
+pub use tls::UpstreamTlsPair;
 
 use crate::metrics::{ListenerMetrics, NodeMetrics};
 
@@ -278,11 +278,6 @@ impl NodeLease {
     /// Counts a failed exchange with the node, by kind.
     pub fn failed(&self, kind: &'static str) {
         self.node.metrics.error(kind);
-    }
-
-    /// The node's in-flight gauge, for the response body to carry.
-    pub fn in_flight_gauge(&self) -> &IntGauge {
-        &self.node.metrics.in_flight
     }
 }
 

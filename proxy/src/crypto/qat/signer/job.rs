@@ -85,6 +85,11 @@ pub(super) struct Request {
     pub(super) error: Option<String>,
     /// None for work no handshake waits for (the key stock's).
     pub(super) reply: Option<mpsc::SyncSender<Answer>>,
+    /// A handshake's signature still counted in `SignerStats::to_sign`: the signer thread
+    /// takes it off when it holds the request, so that a signature on its way is counted
+    /// either as to come or as held, never as neither (a part batch reviewed in between
+    /// would be released as unable to fill).
+    pub(super) counted_to_sign: bool,
 }
 
 /// What a job computes.

@@ -214,7 +214,7 @@ impl AsyncSigner {
         let out = f();
         MAY_WAIT_FOR_BATCH.set(false);
         if ASKED_THE_SIGNER.take() {
-            // `offload` already took it off `to_sign` when it handed the signature over.
+            // The signer thread takes it off `to_sign` when it receives the signature.
             handshake.to_sign = false;
         }
         handshake.asks_no_more();
@@ -250,12 +250,16 @@ impl AsyncSigner {
             return None;
         }
         self.stats.in_flight.fetch_add(1, Ordering::Relaxed);
-        let (request, answer) = self.request(kind, work, software_cost);
-        // From here this handshake's signature is held, not to come (see `offload_step`).
-        if !ASKED_THE_SIGNER.replace(true) {
-            self.stats.to_sign.fetch_sub(1, Ordering::Relaxed);
-        }
+        let (mut request, answer) = self.request(kind, work, software_cost);
+        // The signer thread takes this handshake's signature off `to_sign` when it holds it
+        // (see `Request::counted_to_sign`); the handshake no longer counts it itself (see
+        // `offload_step`).
+        request.counted_to_sign = !ASKED_THE_SIGNER.replace(true);
+        let counted = request.counted_to_sign;
         let answered = if self.tx.send(Message::Sign(request)).is_err() {
+            if counted {
+                self.stats.to_sign.fetch_sub(1, Ordering::Relaxed);
+            }
             Err(SignError::Signer("its thread has exited"))
         } else {
             wait(&answer)
@@ -401,6 +405,7 @@ impl AsyncSigner {
             provider: ProviderRef(ptr::null()),
             error: None,
             reply: Some(reply),
+            counted_to_sign: false,
         });
         (request, answer)
     }

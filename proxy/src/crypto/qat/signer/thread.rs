@@ -474,6 +474,7 @@ impl SignerThread {
                         provider: ProviderRef(ptr::null()),
                         error: None,
                         reply: None,
+                        counted_to_sign: false,
                     })
                 })
                 .collect();
@@ -484,6 +485,12 @@ impl SignerThread {
     }
 
     fn handle(&mut self, message: Message) {
+        if let Message::Sign(request) = &message {
+            if request.counted_to_sign {
+                // Held from here (or submitted at once): no longer to come.
+                self.stats.to_sign.fetch_sub(1, Ordering::Relaxed);
+            }
+        }
         match message {
             Message::Sign(request) if self.batch == 1 => {
                 // Nothing to form (QAT hardware): straight to the provider.

@@ -220,14 +220,14 @@ async fn batches_and_a_lone_handshake(
 /// One handshake alone is not parked waiting for a batch that cannot fill; `m` is a scrape
 /// from just before it.
 async fn a_lone_handshake_is_not_parked(proxy: &ProxyProcess, alg: CertAlgorithmName, m: &str) {
-    // RSA-2048
-    // and P-256 sign in software at once (a batch of RSA-2048 costs more than one
-    // signature in software); P-384 goes to the provider as a batch of one, which
-    // qat_sw computes in a fraction of OpenSSL 3.0's software P-384; RSA-4096 goes
-    // either way, as this host's measured batch and software costs decide.
+    // RSA-2048 and P-256 sign in software at once (a batch of RSA-2048 costs more than one
+    // signature in software). P-384 and RSA-4096 go either way, as this host's measured
+    // batch and software costs decide: a batch of one P-384 in qat_sw costs about a third
+    // of OpenSSL 3.0's software P-384, but the batch's measured time includes its jobs'
+    // hand-offs, which in this debug build can come near a software signature. (The
+    // decision itself is tested deterministically in the signer's unit tests.)
     let outcomes: &[&str] = match alg {
-        CertAlgorithmName::EcdsaP384 => &["offloaded"],
-        CertAlgorithmName::Rsa4096 => &["offloaded", "software"],
+        CertAlgorithmName::EcdsaP384 | CertAlgorithmName::Rsa4096 => &["offloaded", "software"],
         _ => &["software"],
     };
     let signed = |m: &str| -> f64 {

@@ -103,7 +103,7 @@ impl HandshakeInFlight {
     /// True when enough openssl-qat handshakes are under way that this one's signature may
     /// complete a batch (always, for `batch = 1`).
     pub fn may_fill_a_batch(&self, signer: &AsyncSigner) -> bool {
-        self.stats.handshakes.load(Ordering::Relaxed) >= signer.batch as i64
+        signer.batch_can_fill()
     }
 
     /// This handshake will ask the signer for no signature (it signed elsewhere, was
@@ -228,8 +228,12 @@ impl AsyncSigner {
     /// pays. Otherwise it is signed in software at once: nothing can fill a batch, and
     /// holding it would only delay it.
     fn worth_offloading(&self, kind: OperationKind, software_cost: Duration) -> bool {
+        self.batch_can_fill() || part_batch_pays(1, software_cost, self.stats.batch_cost(kind))
+    }
+
+    /// A batch's worth of openssl-qat handshakes is under way.
+    fn batch_can_fill(&self) -> bool {
         self.stats.handshakes.load(Ordering::Relaxed) >= self.batch as i64
-            || part_batch_pays(1, software_cost, self.stats.batch_cost(kind))
     }
 
     /// The counters.

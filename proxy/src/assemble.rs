@@ -8,13 +8,13 @@ use std::sync::Arc;
 
 use tokio::net::TcpListener;
 
-use crate::config::{ClientProtocol, Limits, ListenerMode};
+use crate::config::{ClientProtocol, Limits};
 use crate::crypto::qat::{QatError, QatState};
 use crate::crypto::CryptoError;
-use crate::http::{BufferBudget, HttpForwarder, OperatorControls};
+use crate::http::{BufferBudget, ForwarderContext, HttpForwarder, OperatorControls};
 use crate::listener::{bind, ListenerCtx, Mode};
 use crate::metrics::Metrics;
-use crate::plan::{ListenerPlan, Plan};
+use crate::plan::{ListenerPlan, ModePlan, Plan};
 use crate::switch::SwitchableListener;
 use crate::tls::{self, Offload};
 use crate::tls::{build_listener_tls, ListenerLabels, TlsBuildError};
@@ -137,7 +137,7 @@ pub(crate) fn start_listener(
         proxy_protocol = lp.proxy_protocol.is_some(),
         upstream_tls = upstream_tls_label(lp),
         balance = ?lp.balance,
-        health_check = ?lp.health_check.0,
+        health_check = ?lp.health_check.kind,
         mode = lp.mode_label(),
         provider = provider.name().as_str(),
         library = %provider.library_version(),
@@ -185,7 +185,7 @@ pub(crate) fn listener_ctx(
     let upstreams = Arc::new(UpstreamPool::new(
         lp.nodes.clone(),
         lp.balance,
-        &lp.health_check.1,
+        &lp.health_check.settings,
         upstream_tls,
         &lm,
     ));
@@ -194,31 +194,30 @@ pub(crate) fn listener_ctx(
         idle_timeout: lp.idle_timeout.unwrap_or(std::time::Duration::ZERO),
         ..plan.limits.clone()
     };
-    let mode = match lp.mode {
-        ListenerMode::Http => Mode::Http(Arc::new(HttpForwarder::new(
-            upstreams.clone(),
-            lp.upstream_protocol,
-            lp.upstream_idle_timeout,
-            limits.clone(),
-            lm.clone(),
-            shared.budget.clone(),
-            plan.trusted.clone(),
-            lp.security_headers,
-            lp.error_body,
-            shared.access_log.clone(),
-            OperatorControls {
-                rate_limits: shared.rate_limits.limiters(
-                    &lp.name,
-                    &lp.rate_limits,
-                    &shared.metrics,
-                ),
-                methods: shared.metrics.methods(&lp.name, &lp.method_metrics),
-                tracer: shared.tracer.clone(),
+    let mode = match &lp.mode {
+        ModePlan::Http(http) => Mode::Http(Arc::new(HttpForwarder::new(
+            http,
+            ForwarderContext {
+                pool: upstreams.clone(),
+                limits: limits.clone(),
+                metrics: lm.clone(),
+                budget: shared.budget.clone(),
+                trusted: plan.trusted.clone(),
+                access_log: shared.access_log.clone(),
+                controls: OperatorControls {
+                    rate_limits: shared.rate_limits.limiters(
+                        &lp.name,
+                        &http.rate_limits,
+                        &shared.metrics,
+                    ),
+                    methods: shared.metrics.methods(&lp.name, &http.method_metrics),
+                    tracer: shared.tracer.clone(),
+                },
             },
         ))),
-        ListenerMode::Tcp => Mode::Tcp(lp.protocol),
+        ModePlan::Tcp(protocol) => Mode::Tcp(*protocol),
     };
-    if lp.protocol == ClientProtocol::Postgres {
+    if lp.client_protocol() == ClientProtocol::Postgres {
         lm.postgres_openings_at_zero();
     }
     Ok(ListenerCtx {

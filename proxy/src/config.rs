@@ -104,7 +104,7 @@ pub const DEFAULT_H2_MAX_RESET_STREAMS: u64 = 100;
 /// windows it advertises, so clients are slowed, never buffered beyond it. When not set:
 /// this, or if more, what `max_connections` (64 KiB each) and `max_upstream_requests`
 /// (400 KiB and one frame each: 1.4 MiB by default) need at their floors plus an eighth of
-/// this for larger windows (see [`Limits::request_buffer_budget`]).
+/// this for larger windows (see [`Limits::request_buffer_budget()`]).
 pub const DEFAULT_REQUEST_BUFFER_BUDGET: u64 = 1024 * 1024 * 1024;
 
 /// The whole proxy configuration.
@@ -256,8 +256,7 @@ pub struct Limits {
     /// See [`DEFAULT_H2_MAX_RESET_STREAMS`].
     pub h2_max_reset_streams: u64,
     /// See [`DEFAULT_REQUEST_BUFFER_BUDGET`]; `None`: derived from the other limits.
-    #[serde(rename = "request_buffer_budget")]
-    pub request_buffer_budget_bytes: Option<u64>,
+    pub request_buffer_budget: Option<u64>,
 }
 
 /// Request bytes one connection can hold at least: HTTP/2's initial window (RFC 9113
@@ -306,7 +305,7 @@ impl Limits {
     /// fit the floors of `max_connections` and `max_upstream_requests`, so raising those
     /// alone never makes a configuration invalid.
     pub fn request_buffer_budget(&self) -> u64 {
-        self.request_buffer_budget_bytes.unwrap_or_else(|| {
+        self.request_buffer_budget.unwrap_or_else(|| {
             DEFAULT_REQUEST_BUFFER_BUDGET.max(
                 self.request_buffer_floors()
                     .saturating_add(DEFAULT_REQUEST_BUFFER_BUDGET / 8),
@@ -339,7 +338,7 @@ impl Default for Limits {
             h2_keepalive_timeout: DEFAULT_H2_KEEPALIVE_TIMEOUT,
             max_upstream_requests: DEFAULT_MAX_UPSTREAM_REQUESTS,
             h2_max_reset_streams: DEFAULT_H2_MAX_RESET_STREAMS,
-            request_buffer_budget_bytes: None,
+            request_buffer_budget: None,
         }
     }
 }

@@ -15,7 +15,7 @@ use tokio_rustls::server::TlsStream;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::config::{ClientProtocol, HealthCheckConfig, HealthCheckKind, Limits};
+use crate::config::{ClientProtocol, Limits};
 use crate::http::{ClientStream, HttpForwarder, NextBytes};
 use crate::liveness::{Activity, CountingIo, QuietLimits};
 use crate::metrics::ListenerMetrics;
@@ -47,8 +47,8 @@ pub(crate) struct ListenerCtx {
     pub mode: Mode,
     /// Its upstream nodes.
     pub upstreams: Arc<UpstreamPool>,
-    /// The active checks of `upstreams` (resolved: never `Auto`) and their settings.
-    pub health_check: (HealthCheckKind, HealthCheckConfig),
+    /// The active checks of `upstreams`.
+    pub health_check: crate::plan::HealthCheckPlan,
     /// Where a PROXY protocol header is read from (`None`: the listener takes none).
     pub proxy_protocol: Option<TrustedProxies>,
     /// The listener's own connection limit, if it has one (kept across reloads that do

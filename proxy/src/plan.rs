@@ -76,18 +76,13 @@ pub struct ListenerPlan {
     pub name: String,
     /// Where it listens.
     pub listen: SocketAddr,
-    /// `http` or `tcp`.
-    pub mode: ListenerMode,
-    /// tcp mode: how clients open their connections.
-    pub protocol: ClientProtocol,
+    /// What it does with a connection after the handshake, with the settings that mean
+    /// something only there.
+    pub mode: ModePlan,
     /// Open connections on this listener at most, beside the process-wide limit.
     pub max_connections: Option<usize>,
     /// Open connections per client address at most.
     pub max_connections_per_client: Option<usize>,
-    /// Request rate limits, checked (names unique).
-    pub rate_limits: Vec<RateLimitConfig>,
-    /// Per-method metrics.
-    pub method_metrics: crate::metrics::MethodMetricsConfig,
     /// How long a connection may move nothing before it is closed; `None`: never (tcp
     /// mode only).
     pub idle_timeout: Option<Duration>,
@@ -95,31 +90,68 @@ pub struct ListenerPlan {
     pub nodes: Vec<UpstreamAddr>,
     /// How a request (a connection in tcp mode) picks its node.
     pub balance: Balance,
-    /// The probe in effect (never `Auto`) and the health-check settings.
-    pub health_check: (HealthCheckKind, HealthCheckConfig),
-    /// The upstream protocol in http mode.
-    pub upstream_protocol: UpstreamProtocol,
-    /// How long idle upstream connections are kept in http mode (zero: none are).
-    pub upstream_idle_timeout: Duration,
+    /// The active checks of the nodes.
+    pub health_check: HealthCheckPlan,
     /// How `https://` nodes are verified and what is presented to them; `Some` exactly
     /// when some node is `https://`.
     pub upstream_tls: Option<UpstreamTlsConfig>,
     /// The sources a PROXY protocol header is read from; `None`: no header.
     pub proxy_protocol: Option<TrustedProxies>,
+    /// What it handshakes with.
+    pub tls: TlsPlan,
+}
+
+/// A listener's mode (`mode` in the file) with its own settings.
+#[derive(Clone, Debug)]
+pub enum ModePlan {
+    /// L7: requests forwarded one by one.
+    Http(HttpPlan),
+    /// L4: the decrypted bytes spliced to a node, the connection opened as the protocol
+    /// says (the ClientHello first, or PostgreSQL's negotiation).
+    Tcp(ClientProtocol),
+}
+
+/// What an http listener forwards with.
+#[derive(Clone, Debug)]
+pub struct HttpPlan {
+    /// How requests reach the upstream.
+    pub upstream_protocol: UpstreamProtocol,
+    /// How long idle upstream connections are kept (zero: none are).
+    pub upstream_idle_timeout: Duration,
     /// Whether HSTS and nosniff are added to responses.
     pub security_headers: bool,
     /// The body of the proxy's own REST error answers.
     pub error_body: ErrorBody,
-    /// What it handshakes with.
-    pub tls: TlsPlan,
+    /// Request rate limits, checked (names unique).
+    pub rate_limits: Vec<RateLimitConfig>,
+    /// Per-method metrics.
+    pub method_metrics: crate::metrics::MethodMetricsConfig,
+}
+
+/// The active checks of a listener's nodes.
+#[derive(Clone, Debug, PartialEq)]
+pub struct HealthCheckPlan {
+    /// The probe in effect: never `Auto` (decided by the mode, the upstream protocol and
+    /// the number of nodes).
+    pub kind: HealthCheckKind,
+    /// Its interval, timeout, thresholds and path.
+    pub settings: HealthCheckConfig,
 }
 
 impl ListenerPlan {
     /// `http` or `tcp`, as metric labels say it.
     pub fn mode_label(&self) -> &'static str {
         match self.mode {
-            ListenerMode::Http => "http",
-            ListenerMode::Tcp => "tcp",
+            ModePlan::Http(_) => "http",
+            ModePlan::Tcp(_) => "tcp",
+        }
+    }
+
+    /// How clients open their connections.
+    pub fn client_protocol(&self) -> ClientProtocol {
+        match self.mode {
+            ModePlan::Http(_) => ClientProtocol::Tls,
+            ModePlan::Tcp(protocol) => protocol,
         }
     }
 }
@@ -593,12 +625,19 @@ fn listener_plan(
         index: i,
         name,
         listen: listen.expect("checked above"),
-        mode: lc.mode,
-        protocol: lc.protocol,
+        mode: match lc.mode {
+            ListenerMode::Http => ModePlan::Http(HttpPlan {
+                upstream_protocol: lc.upstream_protocol,
+                upstream_idle_timeout: lc.upstream_idle_timeout,
+                security_headers: lc.security_headers,
+                error_body: lc.error_body,
+                rate_limits: lc.rate_limit.clone(),
+                method_metrics: lc.method_metrics.clone(),
+            }),
+            ListenerMode::Tcp => ModePlan::Tcp(lc.protocol),
+        },
         max_connections: lc.max_connections,
         max_connections_per_client: lc.max_connections_per_client,
-        rate_limits: lc.rate_limit.clone(),
-        method_metrics: lc.method_metrics.clone(),
         idle_timeout: match (lc.idle_timeout, lc.protocol) {
             (Some(d), _) => Some(d).filter(|d| !d.is_zero()),
             (None, ClientProtocol::Postgres) => None,
@@ -606,13 +645,12 @@ fn listener_plan(
         },
         nodes,
         balance: lc.balance,
-        health_check: (health_kind, hc.clone()),
-        upstream_protocol: lc.upstream_protocol,
-        upstream_idle_timeout: lc.upstream_idle_timeout,
+        health_check: HealthCheckPlan {
+            kind: health_kind,
+            settings: hc.clone(),
+        },
         upstream_tls,
         proxy_protocol,
-        security_headers: lc.security_headers,
-        error_body: lc.error_body,
         tls: TlsPlan {
             provider: asked_provider(config, lc),
             cert: lc.cert.clone(),
@@ -759,13 +797,17 @@ mod tests {
         assert_eq!(rest.tls.provider, ProviderName::Ring);
         assert_eq!(rest.nodes.len(), 2);
         assert_eq!(rest.nodes[1].to_string(), "n2:6333");
-        assert_eq!(rest.health_check.0, HealthCheckKind::Http);
+        assert_eq!(rest.health_check.kind, HealthCheckKind::Http);
+        let ModePlan::Http(http) = &rest.mode else {
+            panic!("rest is an http listener")
+        };
+        assert_eq!(http.upstream_protocol, UpstreamProtocol::Auto);
         assert_eq!(rest.tls.default_alpn, ListenerMode::Http.default_alpn());
         assert_eq!(grpc.name, "listener1");
         assert_eq!(grpc.listen, "[::1]:6334".parse::<SocketAddr>().unwrap());
         assert_eq!(grpc.tls.provider, ProviderName::OpensslQat);
         assert_eq!(grpc.tls.fallback, Fallback::Software);
-        assert_eq!(grpc.health_check.0, HealthCheckKind::Off, "one node");
+        assert_eq!(grpc.health_check.kind, HealthCheckKind::Off, "one node");
         assert_eq!(grpc.tls.sni[0].names, ["vectors.example.com"]);
         assert!(plan.qat.is_some(), "a listener asks for openssl-qat");
         assert_eq!(plan.offload, HandshakeOffload::Inline);
@@ -792,7 +834,7 @@ mod tests {
         ))
         .unwrap();
         let l = &plan.listeners[0];
-        assert_eq!(l.protocol, ClientProtocol::Postgres);
+        assert!(matches!(l.mode, ModePlan::Tcp(ClientProtocol::Postgres)));
         assert_eq!(l.tls.default_alpn, &[b"postgresql".as_slice()]);
         assert_eq!(l.idle_timeout, None);
         assert_eq!(l.max_connections, Some(5));

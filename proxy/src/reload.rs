@@ -91,8 +91,7 @@ impl Serving {
 
     fn start_health(&self, ctx: &ListenerCtx) -> CancellationToken {
         let token = self.admin_stop.child_token();
-        let (kind, settings) = &ctx.health_check;
-        crate::upstream::health::spawn(&ctx.upstreams, *kind, settings, &token);
+        crate::upstream::health::spawn(&ctx.upstreams, &ctx.health_check, &token);
         token
     }
 }
@@ -286,7 +285,7 @@ impl Reloader {
                         upstream_tls = upstream_tls_label(&lp),
                         proxy_protocol = lp.proxy_protocol.is_some(),
                         balance = ?lp.balance,
-                        health_check = ?lp.health_check.0,
+                        health_check = ?lp.health_check.kind,
                         "listener reconfigured: new connections use it, open ones finish as they are"
                     );
                     r.ctx.store(ctx);

@@ -1,7 +1,7 @@
-//! The flags of the one listener `proxy run` can be given on the command line. Each is a
-//! [`ListenerConfig`] field under the same name; every default is the config's own (serde's),
-//! so a listener made from flags and one read from a file cannot differ in what was left
-//! unset.
+//! The flags of the one listener `proxy run` can be given on the command line, each with
+//! the `[[listener]]` key it sets (the table is [`ListenerFlags::KEYS`]). Every default is
+//! the config's own (serde's), so a listener made from flags and one read from a file cannot
+//! differ in what was left unset.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -14,93 +14,96 @@ use crate::config::{
 };
 use crate::crypto::KxGroupName;
 
+use super::config_flags::config_flags;
 use super::parse_on_off;
 
-/// A listener's settings from flags; unset ones leave the file's (or the default) as is.
-#[derive(Clone, Debug, Args, Default, PartialEq)]
-pub struct ListenerFlags {
-    /// Listener bind address (e.g. 0.0.0.0:6334).
-    #[arg(long, value_name = "ADDR")]
-    pub(super) listen: Option<String>,
-    /// Listener name in logs and metrics.
-    #[arg(long)]
-    pub(super) name: Option<String>,
-    /// Upstream URL (e.g. http://127.0.0.1:6333); repeat it for several nodes.
-    #[arg(long, value_name = "URL")]
-    pub(super) upstream: Vec<String>,
-    /// How requests pick one of several upstream nodes.
-    #[arg(long, value_enum)]
-    pub(super) balance: Option<Balance>,
-    /// Active health checks of the upstream nodes (auto: when there are several).
-    #[arg(long, value_enum, value_name = "KIND")]
-    pub(super) health_check: Option<HealthCheckKind>,
-    /// Time between two health checks of a node.
-    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
-    pub(super) health_check_interval: Option<Duration>,
-    /// Certificate chain, PEM.
-    #[arg(long, value_name = "FILE")]
-    pub(super) cert: Option<PathBuf>,
-    /// Private key, PEM (PKCS#8, PKCS#1 or SEC1).
-    #[arg(long, value_name = "FILE")]
-    pub(super) key: Option<PathBuf>,
-    /// How requests reach the upstream in http mode.
-    #[arg(long, value_enum)]
-    pub(super) upstream_protocol: Option<UpstreamProtocol>,
-    /// Close idle upstream connections after this (keep it under the upstream's own
-    /// keep-alive timeout; 0s: reuse none). Default 4s, under Qdrant's 5 s.
-    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
-    pub(super) upstream_idle_timeout: Option<Duration>,
-    /// CA certificates (PEM) that `https://` upstream nodes must chain to (default: the
-    /// system's trust store).
-    #[arg(long, value_name = "FILE")]
-    pub(super) upstream_ca: Option<PathBuf>,
-    /// The name verified in `https://` upstream nodes' certificates and sent as SNI
-    /// (default: each node's host).
-    #[arg(long, value_name = "NAME")]
-    pub(super) upstream_server_name: Option<String>,
-    /// Expect a PROXY protocol header (v1 or v2) from this load balancer's address or CIDR
-    /// block (repeatable); connections from anywhere else are refused.
-    #[arg(long, value_name = "CIDR")]
-    pub(super) proxy_protocol_from: Vec<String>,
-    /// http (L7) or tcp (decrypt and splice).
-    #[arg(long, value_enum)]
-    pub(super) mode: Option<ListenerMode>,
-    /// A request rate limit: the keys of one `[[listener.rate_limit]]` table, as TOML
-    /// (repeatable; replaces the file's list), e.g.
-    /// `--rate-limit 'key = "client", requests_per_second = 50, burst = 100'`.
-    #[arg(long, value_name = "TOML", value_parser = parse_rate_limit)]
-    pub(super) rate_limit: Vec<RateLimitConfig>,
-    /// Open connections per client address at most.
-    #[arg(long, value_name = "N")]
-    pub(super) max_connections_per_client: Option<usize>,
-    /// Metrics per API method (`method_metrics.enabled`): on (the default) or off.
-    #[arg(long, value_name = "on|off", value_parser = parse_on_off)]
-    pub(super) method_metrics: Option<bool>,
-    /// tcp mode: how clients open their connections: tls (the ClientHello first, the
-    /// default) or postgres (PostgreSQL's SSLRequest, or direct TLS with ALPN postgresql).
-    #[arg(long, value_enum)]
-    pub(super) protocol: Option<ClientProtocol>,
-    /// The body of the proxy's own REST error answers: qdrant (Qdrant's envelope, the
-    /// default) or text (plain text, for any other database).
-    #[arg(long, value_enum, value_name = "SHAPE")]
-    pub(super) error_body: Option<ErrorBody>,
-    /// Lowest TLS version: 1.2 or 1.3.
-    #[arg(long, value_name = "V")]
-    pub(super) tls_min: Option<TlsVersion>,
-    /// Highest TLS version: 1.2 or 1.3.
-    #[arg(long, value_name = "V")]
-    pub(super) tls_max: Option<TlsVersion>,
-    /// Key-exchange groups, comma-separated, in preference order (x25519mlkem768, x25519,
-    /// secp256r1, secp384r1). Unset: x25519mlkem768 where the provider has it, then the
-    /// other three.
-    #[arg(long, value_name = "GROUPS", value_delimiter = ',')]
-    pub(super) kx: Option<Vec<KxGroupName>>,
-    /// Session resumption: on or off.
-    #[arg(long, value_name = "on|off", value_parser = parse_on_off)]
-    pub(super) resumption: Option<bool>,
-    /// Require client certificates chaining to this CA (mTLS).
-    #[arg(long, value_name = "FILE")]
-    pub(super) client_ca: Option<PathBuf>,
+config_flags! {
+    /// A listener's settings from flags; unset ones leave the file's (or the default) as is.
+    #[derive(Clone, Debug, Args, Default, PartialEq)]
+    pub struct ListenerFlags sets ListenerConfig {
+        /// Listener bind address (e.g. 0.0.0.0:6334).
+        #[arg(long, value_name = "ADDR")]
+        listen: Option<String> => listen,
+        /// Listener name in logs and metrics.
+        #[arg(long)]
+        name: Option<String> => name via Some,
+        /// Upstream URL (e.g. http://127.0.0.1:6333); repeat it for several nodes.
+        #[arg(long, value_name = "URL")]
+        upstream: Vec<String> => upstream,
+        /// How requests pick one of several upstream nodes.
+        #[arg(long, value_enum)]
+        balance: Option<Balance> => balance,
+        /// Active health checks of the upstream nodes (auto: when there are several).
+        #[arg(long, value_enum, value_name = "KIND")]
+        health_check: Option<HealthCheckKind> => health_check.kind,
+        /// Time between two health checks of a node.
+        #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
+        health_check_interval: Option<Duration> => health_check.interval,
+        /// Certificate chain, PEM.
+        #[arg(long, value_name = "FILE")]
+        cert: Option<PathBuf> => cert,
+        /// Private key, PEM (PKCS#8, PKCS#1 or SEC1).
+        #[arg(long, value_name = "FILE")]
+        key: Option<PathBuf> => key,
+        /// How requests reach the upstream in http mode.
+        #[arg(long, value_enum)]
+        upstream_protocol: Option<UpstreamProtocol> => upstream_protocol,
+        /// Close idle upstream connections after this (keep it under the upstream's own
+        /// keep-alive timeout; 0s: reuse none). Default 4s, under Qdrant's 5 s.
+        #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
+        upstream_idle_timeout: Option<Duration> => upstream_idle_timeout,
+        /// CA certificates (PEM) that `https://` upstream nodes must chain to (default: the
+        /// system's trust store).
+        #[arg(long, value_name = "FILE")]
+        upstream_ca: Option<PathBuf> => upstream_tls.ca via Some,
+        /// The name verified in `https://` upstream nodes' certificates and sent as SNI
+        /// (default: each node's host).
+        #[arg(long, value_name = "NAME")]
+        upstream_server_name: Option<String> => upstream_tls.server_name via Some,
+        /// Expect a PROXY protocol header (v1 or v2) from this load balancer's address or CIDR
+        /// block (repeatable); connections from anywhere else are refused.
+        #[arg(long, value_name = "CIDR")]
+        proxy_protocol_from: Vec<String> => proxy_protocol via |trusted| Some(ProxyProtocolConfig { trusted }),
+        /// http (L7) or tcp (decrypt and splice).
+        #[arg(long, value_enum)]
+        mode: Option<ListenerMode> => mode,
+        /// A request rate limit: the keys of one `[[listener.rate_limit]]` table, as TOML
+        /// (repeatable; replaces the file's list), e.g.
+        /// `--rate-limit 'key = "client", requests_per_second = 50, burst = 100'`.
+        #[arg(long, value_name = "TOML", value_parser = parse_rate_limit)]
+        rate_limit: Vec<RateLimitConfig> => rate_limit,
+        /// Open connections per client address at most.
+        #[arg(long, value_name = "N")]
+        max_connections_per_client: Option<usize> => max_connections_per_client via Some,
+        /// Metrics per API method (`method_metrics.enabled`): on (the default) or off.
+        #[arg(long, value_name = "on|off", value_parser = parse_on_off)]
+        method_metrics: Option<bool> => method_metrics.enabled,
+        /// tcp mode: how clients open their connections: tls (the ClientHello first, the
+        /// default) or postgres (PostgreSQL's SSLRequest, or direct TLS with ALPN postgresql).
+        #[arg(long, value_enum)]
+        protocol: Option<ClientProtocol> => protocol,
+        /// The body of the proxy's own REST error answers: qdrant (Qdrant's envelope, the
+        /// default) or text (plain text, for any other database).
+        #[arg(long, value_enum, value_name = "SHAPE")]
+        error_body: Option<ErrorBody> => error_body,
+        /// Lowest TLS version: 1.2 or 1.3.
+        #[arg(long, value_name = "V")]
+        tls_min: Option<TlsVersion> => tls.min_version,
+        /// Highest TLS version: 1.2 or 1.3.
+        #[arg(long, value_name = "V")]
+        tls_max: Option<TlsVersion> => tls.max_version,
+        /// Key-exchange groups, comma-separated, in preference order (x25519mlkem768, x25519,
+        /// secp256r1, secp384r1). Unset: x25519mlkem768 where the provider has it, then the
+        /// other three.
+        #[arg(long, value_name = "GROUPS", value_delimiter = ',')]
+        kx: Option<Vec<KxGroupName>> => tls.kx_groups via Some,
+        /// Session resumption: on or off.
+        #[arg(long, value_name = "on|off", value_parser = parse_on_off)]
+        resumption: Option<bool> => tls.resumption,
+        /// Require client certificates chaining to this CA (mTLS).
+        #[arg(long, value_name = "FILE")]
+        client_ca: Option<PathBuf> => tls.client_ca via Some,
+    }
 }
 
 /// `--rate-limit`'s value: the keys of a `[[listener.rate_limit]]` table, read by the same
@@ -139,7 +142,7 @@ impl ListenerFlags {
                 })
             }
         }
-        self.apply_to(&mut cfg.listeners[0]);
+        self.set(&mut cfg.listeners[0]);
         Ok(())
     }
 
@@ -167,83 +170,6 @@ impl ListenerFlags {
             toml::from_str("listen = \"\"\ncert = \"\"\nkey = \"\"\nupstream = []")
                 .expect("the required fields make a listener"),
         )
-    }
-
-    fn apply_to(&self, l: &mut ListenerConfig) {
-        if let Some(v) = &self.listen {
-            l.listen = v.clone();
-        }
-        if let Some(v) = &self.name {
-            l.name = Some(v.clone());
-        }
-        if !self.upstream.is_empty() {
-            l.upstream = self.upstream.clone();
-        }
-        if let Some(v) = self.balance {
-            l.balance = v;
-        }
-        if let Some(v) = self.health_check {
-            l.health_check.kind = v;
-        }
-        if let Some(v) = self.health_check_interval {
-            l.health_check.interval = v;
-        }
-        if let Some(v) = &self.cert {
-            l.cert = v.clone();
-        }
-        if let Some(v) = &self.key {
-            l.key = v.clone();
-        }
-        if let Some(v) = self.upstream_protocol {
-            l.upstream_protocol = v;
-        }
-        if let Some(v) = self.upstream_idle_timeout {
-            l.upstream_idle_timeout = v;
-        }
-        if !self.proxy_protocol_from.is_empty() {
-            l.proxy_protocol = Some(ProxyProtocolConfig {
-                trusted: self.proxy_protocol_from.clone(),
-            });
-        }
-        if let Some(v) = &self.upstream_ca {
-            l.upstream_tls.ca = Some(v.clone());
-        }
-        if let Some(v) = &self.upstream_server_name {
-            l.upstream_tls.server_name = Some(v.clone());
-        }
-        if let Some(v) = self.mode {
-            l.mode = v;
-        }
-        if let Some(v) = self.protocol {
-            l.protocol = v;
-        }
-        if !self.rate_limit.is_empty() {
-            l.rate_limit = self.rate_limit.clone();
-        }
-        if let Some(v) = self.max_connections_per_client {
-            l.max_connections_per_client = Some(v);
-        }
-        if let Some(v) = self.method_metrics {
-            l.method_metrics.enabled = v;
-        }
-        if let Some(v) = self.error_body {
-            l.error_body = v;
-        }
-        if let Some(v) = self.tls_min {
-            l.tls.min_version = v;
-        }
-        if let Some(v) = self.tls_max {
-            l.tls.max_version = v;
-        }
-        if let Some(v) = &self.kx {
-            l.tls.kx_groups = Some(v.clone());
-        }
-        if let Some(v) = self.resumption {
-            l.tls.resumption = v;
-        }
-        if let Some(v) = &self.client_ca {
-            l.tls.client_ca = Some(v.clone());
-        }
     }
 }
 

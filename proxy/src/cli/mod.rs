@@ -12,13 +12,16 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand};
 use tokio_util::sync::CancellationToken;
 
-use crate::config::{Config, ConfigError, HandshakeOffload};
-use crate::crypto::{generate_cert_set_valid_for, CertAlgorithmName, ProviderName};
+use crate::config::{Config, ConfigError};
+use crate::crypto::{generate_cert_set_valid_for, CertAlgorithmName};
 use crate::plan::Plan;
 use crate::server::{write_ready_file, Proxy};
 
+mod config_flags;
 mod listener_flags;
+mod process_flags;
 use listener_flags::ListenerFlags;
+use process_flags::ProcessFlags;
 
 /// TLS terminator for vector-database ingestion (rustls with a run-time crypto provider).
 #[derive(Debug, Parser)]
@@ -31,6 +34,7 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Terminate TLS and forward to the upstream.
+    #[command(after_long_help = ConfigFlags::key_table())]
     Run(Box<RunArgs>),
     /// Write a CA and a server certificate per algorithm (plus a client certificate).
     GenCerts(GenCertsArgs),
@@ -61,138 +65,10 @@ pub struct RunArgs {
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
     #[command(flatten)]
-    overrides: Overrides,
+    flags: ConfigFlags,
     /// Write the bound addresses as JSON here once listening (useful with port 0).
     #[arg(long, value_name = "FILE")]
     ready_file: Option<PathBuf>,
-}
-
-/// Settings that can come from flags as well as from the file.
-#[derive(Clone, Debug, Args, Default)]
-pub struct Overrides {
-    /// The listener's own settings.
-    #[command(flatten)]
-    listener: ListenerFlags,
-    /// Crypto provider: ring, aws-lc-rs, openssl, openssl-qat.
-    #[arg(long, value_name = "P")]
-    provider: Option<ProviderName>,
-    /// Admin listener (/metrics, /healthz, /readyz).
-    #[arg(long, value_name = "ADDR")]
-    admin: Option<String>,
-    /// Bearer token file that enables POST /admin/tls (run-time provider/certificate switch).
-    #[arg(long, value_name = "FILE")]
-    admin_token_file: Option<PathBuf>,
-    /// Certificate (PEM) to serve the admin port over TLS; with --admin-tls-key.
-    #[arg(long, value_name = "FILE")]
-    admin_tls_cert: Option<PathBuf>,
-    /// Private key (PEM) for --admin-tls-cert.
-    #[arg(long, value_name = "FILE")]
-    admin_tls_key: Option<PathBuf>,
-    /// Where handshakes sign: inline (on the reactor) or pool (dedicated threads).
-    #[arg(long, value_enum)]
-    handshake_offload: Option<HandshakeOffload>,
-    /// Threads in the handshake pool (0: one per CPU).
-    #[arg(long, value_name = "N")]
-    handshake_threads: Option<usize>,
-    /// OpenSSL provider name for openssl-qat.
-    #[arg(long, value_name = "NAME")]
-    qat_provider_name: Option<String>,
-    /// Directory holding the provider module, or the module file itself.
-    #[arg(long, value_name = "PATH")]
-    qat_module_path: Option<PathBuf>,
-    /// Who polls the QAT provider: internal (its own thread; the default, and what QAT
-    /// hardware needs), external (qat_sw: the proxy's signer computes each batch itself with
-    /// the module's qat_sw_poll) or inline (QAT hardware: the requesting thread).
-    #[arg(long, value_enum)]
-    qat_polling: Option<crate::crypto::qat::Polling>,
-    /// If the QAT provider cannot be used: none (refuse to start) or software.
-    #[arg(long, value_enum)]
-    qat_fallback: Option<crate::crypto::qat::Fallback>,
-    /// The QAT provider's batch width: 8 for qat_sw (the default), 1 for QAT hardware.
-    #[arg(long, value_name = "N")]
-    qat_batch: Option<usize>,
-    /// The longest a part batch of QAT signatures waits to fill (default 5ms).
-    #[arg(long, value_name = "DURATION")]
-    qat_batch_wait: Option<humantime::Duration>,
-    /// Send ECDSA P-256 signatures to the QAT provider too (off by default: qat_sw gains
-    /// less on them than the hand-off costs).
-    #[arg(long, value_name = "BOOL")]
-    qat_offload_p256: Option<bool>,
-    /// Generate X25519 key pairs ahead in QAT provider batches (off by default: see
-    /// docs/proxy.md, qat.offload_x25519).
-    #[arg(long, value_name = "BOOL")]
-    qat_offload_x25519: Option<bool>,
-    /// Root of the sysfs tree holding QAT telemetry (default /sys).
-    #[arg(long, value_name = "DIR")]
-    qat_telemetry_root: Option<PathBuf>,
-    /// Reactor worker threads (0: one per CPU).
-    #[arg(long, value_name = "N")]
-    worker_threads: Option<usize>,
-    /// Maximum open client connections.
-    #[arg(long, value_name = "N")]
-    max_connections: Option<usize>,
-    /// Largest request body accepted, in bytes (larger ones get 413).
-    #[arg(long, value_name = "BYTES")]
-    max_request_body: Option<u64>,
-    /// TLS handshake timeout (e.g. 10s, 500ms).
-    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
-    handshake_timeout: Option<Duration>,
-    /// Time allowed for the upstream's response headers.
-    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
-    upstream_timeout: Option<Duration>,
-    /// Idle connection timeout.
-    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
-    idle_timeout: Option<Duration>,
-    /// How long in-flight requests may take to finish after SIGTERM.
-    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
-    shutdown_grace: Option<Duration>,
-    /// After SIGTERM: how long to keep accepting, reporting not ready, before draining.
-    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
-    accept_grace: Option<Duration>,
-    /// How often certificate and key files are checked for replacement (0s: never; SIGHUP
-    /// still reloads).
-    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
-    cert_watch_interval: Option<Duration>,
-    /// A connection that sends no request this long after its handshake is closed.
-    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
-    first_request_timeout: Option<Duration>,
-    /// A connection with requests in flight on which nothing moves this long is closed.
-    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
-    stall_timeout: Option<Duration>,
-    /// A connection asked to close that is still open after this is closed hard.
-    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
-    drain_timeout: Option<Duration>,
-    /// Connections older than this are asked to close (default: no maximum).
-    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
-    max_connection_age: Option<Duration>,
-    /// Concurrent requests forwarded to the upstream; beyond it 503 / RESOURCE_EXHAUSTED.
-    #[arg(long, value_name = "N")]
-    max_upstream_requests: Option<usize>,
-    /// Request bytes the proxy may hold across all connections.
-    #[arg(long, value_name = "BYTES")]
-    request_buffer_budget: Option<u64>,
-    /// The largest HTTP/2 frame clients may send (16384 to 16777215).
-    #[arg(long, value_name = "BYTES")]
-    h2_max_frame_size: Option<u32>,
-    /// A peer (address or CIDR block) that is a proxy itself and may set X-Forwarded-For;
-    /// repeatable.
-    #[arg(long = "trusted-proxy", value_name = "CIDR")]
-    trusted_proxies: Vec<String>,
-    /// Log filter (overridden by RUST_LOG): error, warn, info, debug, trace.
-    #[arg(long, value_name = "LEVEL")]
-    log_level: Option<String>,
-    /// Log lines as text (the default) or JSON, one object per line (for log shippers).
-    #[arg(long, value_enum)]
-    log_format: Option<crate::config::LogFormat>,
-    /// Access log: off (the default), stdout, or a file to append to.
-    #[arg(long, value_name = "TARGET")]
-    access_log: Option<String>,
-    /// Access log lines as JSON (the default) or the common log format.
-    #[arg(long, value_enum, value_name = "FORMAT")]
-    access_log_format: Option<crate::access_log::AccessLogFormat>,
-    /// Log this share of the requests (0 < F <= 1).
-    #[arg(long, value_name = "F")]
-    access_log_sample: Option<f64>,
 }
 
 fn parse_on_off(s: &str) -> Result<bool, String> {
@@ -294,144 +170,48 @@ fn fail(code: u8, msg: &dyn std::fmt::Display) -> ExitCode {
     ExitCode::from(code)
 }
 
-/// Merges the file (if any) and the flags into one configuration (checked by
-/// [`Plan::new`], not here).
-pub fn resolve(config_file: Option<&PathBuf>, o: &Overrides) -> Result<Config, ConfigError> {
-    let mut cfg = match config_file {
-        Some(path) => Config::from_file(path)?,
-        None => Config::empty(),
-    };
-    apply_process_flags(&mut cfg, o);
-    o.listener.apply(&mut cfg)?;
-    // A listener given by flags that overrides the file's provider for the whole process
-    // must not be shadowed by the listener's own provider setting.
-    if o.provider.is_some() && o.listener.is_set() {
-        cfg.listeners[0].provider = None;
-    }
-    Ok(cfg)
+/// Every flag of `proxy run` that sets a configuration key: the listener's, then the
+/// process's.
+#[derive(Clone, Debug, Args)]
+pub struct ConfigFlags {
+    #[command(flatten)]
+    listener: ListenerFlags,
+    #[command(flatten)]
+    process: ProcessFlags,
 }
 
-/// The flags that set process-wide settings.
-fn apply_process_flags(cfg: &mut Config, o: &Overrides) {
-    if let Some(p) = o.provider {
-        cfg.provider = p;
-    }
-    if let Some(f) = &o.admin_tls_cert {
-        cfg.admin.tls_cert = Some(f.clone());
-    }
-    if let Some(f) = &o.admin_tls_key {
-        cfg.admin.tls_key = Some(f.clone());
-    }
-    if let Some(f) = &o.admin_token_file {
-        cfg.admin.token_file = Some(f.clone());
-    }
-    if let Some(a) = &o.admin {
-        cfg.admin.listen = a.clone();
-    }
-    if let Some(l) = &o.log_level {
-        cfg.log_level = l.clone();
-    }
-    if let Some(f) = o.log_format {
-        cfg.log_format = f;
-    }
-    if let Some(t) = &o.access_log {
-        cfg.access_log.target = t.clone();
-    }
-    if let Some(f) = o.access_log_format {
-        cfg.access_log.format = f;
-    }
-    if let Some(s) = o.access_log_sample {
-        cfg.access_log.sample = s;
-    }
-    if let Some(n) = o.worker_threads {
-        cfg.worker_threads = n;
-    }
-    if let Some(h) = o.handshake_offload {
-        cfg.handshake.offload = Some(h);
-    }
-    if let Some(v) = &o.qat_provider_name {
-        cfg.qat.provider_name = v.clone();
-    }
-    if let Some(v) = &o.qat_module_path {
-        cfg.qat.module_path = Some(v.clone());
-    }
-    if let Some(v) = o.qat_polling {
-        cfg.qat.polling = v;
-    }
-    if let Some(v) = o.qat_fallback {
-        cfg.qat.fallback = v;
-    }
-    if let Some(v) = o.qat_batch {
-        cfg.qat.batch = v;
-    }
-    if let Some(v) = o.qat_batch_wait {
-        cfg.qat.batch_wait = v.into();
-    }
-    if let Some(v) = o.qat_offload_x25519 {
-        cfg.qat.offload_x25519 = v;
-    }
-    if let Some(v) = o.qat_offload_p256 {
-        cfg.qat.offload_p256 = v;
+impl ConfigFlags {
+    /// The flags with the configuration keys they set, for `proxy run --help`.
+    fn key_table() -> String {
+        let mut table = String::from("Configuration keys (flags override the file's):\n");
+        let groups = [(ProcessFlags::KEYS, ""), (ListenerFlags::KEYS, "listener.")];
+        for (flags, prefix) in groups {
+            for flag in flags {
+                let name = format!("--{}", flag.field.replace('_', "-"));
+                table.push_str(&format!("  {name:<30} {prefix}{}\n", flag.dotted()));
+            }
+        }
+        table
     }
 
-    if let Some(v) = &o.qat_telemetry_root {
-        cfg.qat.telemetry_root = v.clone();
-    }
-    if let Some(n) = o.handshake_threads {
-        cfg.handshake.pool_threads = n;
-    }
-    if let Some(n) = o.max_connections {
-        cfg.limits.max_connections = n;
-    }
-    if let Some(n) = o.max_request_body {
-        cfg.limits.max_request_body_bytes = n;
-    }
-    if let Some(d) = o.handshake_timeout {
-        cfg.limits.handshake_timeout = d;
-    }
-    if let Some(d) = o.upstream_timeout {
-        cfg.limits.upstream_response_timeout = d;
-    }
-    if let Some(d) = o.idle_timeout {
-        cfg.limits.idle_timeout = d;
-    }
-    if let Some(d) = o.cert_watch_interval {
-        cfg.cert_watch_interval = d;
-    }
-    if let Some(d) = o.shutdown_grace {
-        cfg.limits.shutdown_grace = d;
-    }
-    if let Some(d) = o.accept_grace {
-        cfg.limits.accept_grace = d;
-    }
-    if let Some(d) = o.first_request_timeout {
-        cfg.limits.first_request_timeout = d;
-    }
-    if let Some(d) = o.stall_timeout {
-        cfg.limits.stall_timeout = d;
-    }
-    if let Some(d) = o.drain_timeout {
-        cfg.limits.drain_timeout = d;
-    }
-    if let Some(d) = o.max_connection_age {
-        cfg.limits.max_connection_age = Some(d);
-    }
-    if let Some(n) = o.max_upstream_requests {
-        cfg.limits.max_upstream_requests = n;
-    }
-    if let Some(n) = o.h2_max_frame_size {
-        cfg.limits.h2_max_frame_size = n;
-    }
-    if let Some(n) = o.request_buffer_budget {
-        cfg.limits.request_buffer_budget_bytes = Some(n);
-    }
-    if !o.trusted_proxies.is_empty() {
-        cfg.trusted_proxies = o.trusted_proxies.clone();
+    /// Merges the file (if any) and the flags into one configuration (checked by
+    /// [`Plan::new`], not here).
+    pub fn resolve(&self, config_file: Option<&PathBuf>) -> Result<Config, ConfigError> {
+        let mut cfg = match config_file {
+            Some(path) => Config::from_file(path)?,
+            None => Config::empty(),
+        };
+        self.process.set(&mut cfg);
+        self.listener.apply(&mut cfg)?;
+        // A listener given by flags that overrides the file's provider for the whole process
+        // must not be shadowed by the listener's own provider setting.
+        if self.process.provider.is_some() && self.listener.is_set() {
+            cfg.listeners[0].provider = None;
+        }
+        Ok(cfg)
     }
 }
 
-/// The flags that describe one listener: a new one when the file has none, else the
-/// file's only listener (with several, they would be ambiguous).
 fn init_logging(level: &str, format: crate::config::LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level));
@@ -479,7 +259,7 @@ fn raise_open_file_limit(max_connections: usize) {
 fn run(args: RunArgs) -> ExitCode {
     // First, while this is the only thread: the sockets an upgrade (or systemd) handed over.
     let adopted = crate::upgrade::adopt_from_environment();
-    let config = match resolve(args.config.as_ref(), &args.overrides) {
+    let config = match args.flags.resolve(args.config.as_ref()) {
         Ok(c) => c,
         Err(e) => return fail(2, &e),
     };
@@ -514,9 +294,9 @@ fn run(args: RunArgs) -> ExitCode {
         Err(e) => return fail(1, &format!("cannot start the runtime: {e}")),
     };
     // Reloads read the same file and flags again, and check them as start-up did.
-    let (file, overrides) = (args.config.clone(), args.overrides.clone());
+    let (file, flags) = (args.config.clone(), args.flags.clone());
     let source: crate::reload::ConfigSource = std::sync::Arc::new(move || {
-        let config = resolve(file.as_ref(), &overrides).map_err(|e| e.to_string())?;
+        let config = flags.resolve(file.as_ref()).map_err(|e| e.to_string())?;
         Plan::new(&config).map_err(|e| e.to_string())
     });
     rt.block_on(async move {
@@ -689,4 +469,137 @@ fn check_config(args: CheckConfigArgs) -> ExitCode {
         }
     }
     ExitCode::SUCCESS
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+
+    use clap::CommandFactory;
+
+    use super::config_flags::{schema::knows, FlagKey};
+    use super::*;
+
+    /// A `[[listener]]` entry with its required keys, for the listener flags' keys.
+    const LISTENER: &str = "[[listener]]\nlisten = \"a:1\"\ncert = \"c\"\nkey = \"k\"\nupstream = []";
+
+    fn groups() -> [(&'static [FlagKey], &'static str, &'static str); 2] {
+        [
+            (ProcessFlags::KEYS, "", ""),
+            (ListenerFlags::KEYS, LISTENER, "listener."),
+        ]
+    }
+
+    /// Both ways: every flag's key is a key of the file, and no flag is named like a key
+    /// of the file other than the one it sets (or a table on its way).
+    #[test]
+    fn every_flag_sets_a_key_of_the_file_and_is_named_for_no_other() {
+        for (flags, prefix, shown) in groups() {
+            for flag in flags {
+                let key = flag.dotted();
+                assert!(
+                    knows::<Config>(prefix, flag.key),
+                    "--{} sets {shown}{key}, which a config file cannot have",
+                    flag.field.replace('_', "-")
+                );
+                if flag.key.contains(&flag.field) {
+                    continue;
+                }
+                for depth in 0..flag.key.len() {
+                    let mut namesake = flag.key[..depth].to_vec();
+                    namesake.push(flag.field);
+                    assert!(
+                        !knows::<Config>(prefix, &namesake),
+                        "--{} sets {shown}{key}, but the file has a key {shown}{} of its name",
+                        flag.field.replace('_', "-"),
+                        namesake.join(".")
+                    );
+                }
+            }
+        }
+    }
+
+    /// The table is every flag of `proxy run` but the two that are not settings.
+    #[test]
+    fn the_table_holds_every_setting_flag_of_proxy_run() {
+        let cli = Cli::command();
+        let run = cli.find_subcommand("run").expect("proxy run");
+        let flags: BTreeSet<&str> = run
+            .get_arguments()
+            .map(|a| a.get_id().as_str())
+            .filter(|id| !["config", "ready_file", "help"].contains(id))
+            .collect();
+        for arg in run.get_arguments().filter(|a| flags.contains(a.get_id().as_str())) {
+            assert_eq!(
+                arg.get_long().map(|l| l.replace('-', "_")).as_deref(),
+                Some(arg.get_id().as_str()),
+                "the table and --help name a flag by its field"
+            );
+        }
+        let table: Vec<&str> = groups()
+            .iter()
+            .flat_map(|(flags, _, _)| flags.iter().map(|f| f.field))
+            .collect();
+        assert_eq!(flags, table.iter().copied().collect::<BTreeSet<_>>());
+        assert_eq!(table.len(), flags.len(), "a flag in both groups: {table:?}");
+    }
+
+    /// docs/proxy.md's table of flags names each of them.
+    #[test]
+    fn the_docs_name_every_flag() {
+        let docs = include_str!("../../../docs/proxy.md");
+        let cli = Cli::command();
+        let run = cli.find_subcommand("run").expect("proxy run");
+        let undocumented: Vec<String> = run
+            .get_arguments()
+            .filter_map(|a| a.get_long())
+            .map(|long| format!("`--{long}"))
+            .filter(|flag| !docs.contains(flag.as_str()))
+            .collect();
+        assert!(undocumented.is_empty(), "not in docs/proxy.md: {undocumented:?}");
+    }
+
+    /// Flags whose name is not their key set the key the table names, over the file's value.
+    #[test]
+    fn flags_set_their_keys_over_the_files() {
+        let file = std::env::temp_dir().join(format!("cli-flags-{}.toml", std::process::id()));
+        std::fs::write(
+            &file,
+            format!("[limits]\nupstream_response_timeout = \"9s\"\nidle_timeout = \"1m\"\n{LISTENER}\n[listener.tls]\nmin_version = \"1.2\"\n"),
+        )
+        .unwrap();
+        let cli = Cli::parse_from([
+            "proxy",
+            "run",
+            "--upstream-timeout",
+            "3s",
+            "--request-buffer-budget",
+            "123",
+            "--admin",
+            "127.0.0.1:1",
+            "--qat-batch-wait",
+            "2ms",
+            "--tls-min",
+            "1.3",
+            "--proxy-protocol-from",
+            "10.0.0.0/8",
+            "--upstream-ca",
+            "ca.pem",
+        ]);
+        let Command::Run(args) = cli.command else {
+            panic!("not run")
+        };
+        let cfg = args.flags.resolve(Some(&file)).unwrap();
+        std::fs::remove_file(&file).unwrap();
+        assert_eq!(cfg.limits.upstream_response_timeout, Duration::from_secs(3));
+        assert_eq!(cfg.limits.idle_timeout, Duration::from_secs(60), "the file's");
+        assert_eq!(cfg.limits.request_buffer_budget, Some(123));
+        assert_eq!(cfg.admin.listen, "127.0.0.1:1");
+        assert_eq!(cfg.qat.batch_wait, Duration::from_millis(2));
+        let l = &cfg.listeners[0];
+        assert_eq!(l.tls.min_version, crate::config::TlsVersion::Tls13);
+        assert_eq!(l.proxy_protocol.as_ref().unwrap().trusted, ["10.0.0.0/8"]);
+        assert_eq!(l.upstream_tls.ca.as_deref(), Some(std::path::Path::new("ca.pem")));
+        assert_eq!(l.listen, "a:1", "the file's");
+    }
 }

@@ -164,7 +164,7 @@ mod tests {
 
     fn limits(budget: u64, connections: usize, upstream: usize) -> Limits {
         Limits {
-            request_buffer_budget_bytes: Some(budget),
+            request_buffer_budget: Some(budget),
             max_connections: connections,
             max_upstream_requests: upstream,
             ..Limits::default()

@@ -44,6 +44,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::access_log::{AccessLog, ConnectionFacts};
 use crate::config::{ErrorBody, Limits, UpstreamProtocol};
+use crate::plan::HttpPlan;
 use crate::liveness::{Activity, Quiet, QuietLimits, RequestGuard};
 use crate::metrics::ListenerMetrics;
 use crate::trust::TrustedProxies;
@@ -126,23 +127,34 @@ pub struct TlsFacts {
     pub provider: &'static str,
 }
 
+/// What a listener's forwarder shares with its listener and the process.
+pub(crate) struct ForwarderContext {
+    /// The listener's nodes.
+    pub pool: Arc<UpstreamPool>,
+    /// The listener's limits (its own idle timeout applied).
+    pub limits: Limits,
+    pub metrics: ListenerMetrics,
+    /// The process's request buffer budget.
+    pub budget: Arc<BufferBudget>,
+    /// Proxies that may set X-Forwarded-For; everybody else's is replaced.
+    pub trusted: TrustedProxies,
+    pub access_log: Option<Arc<AccessLog>>,
+    pub controls: OperatorControls,
+}
+
 impl HttpForwarder {
-    /// Builds the pooled upstream clients for one listener. `trusted` proxies may set
-    /// X-Forwarded-For; everybody else's is replaced.
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn new(
-        pool: Arc<UpstreamPool>,
-        protocol: UpstreamProtocol,
-        idle_timeout: Duration,
-        limits: Limits,
-        metrics: ListenerMetrics,
-        budget: Arc<BufferBudget>,
-        trusted: TrustedProxies,
-        security_headers: bool,
-        error_body: ErrorBody,
-        access_log: Option<Arc<AccessLog>>,
-        controls: OperatorControls,
-    ) -> Self {
+    /// Builds the pooled upstream clients of one http listener from its plan.
+    pub(crate) fn new(plan: &HttpPlan, context: ForwarderContext) -> Self {
+        let ForwarderContext {
+            pool,
+            limits,
+            metrics,
+            budget,
+            trusted,
+            access_log,
+            controls,
+        } = context;
+        let upstream_idle = plan.upstream_idle_timeout;
         let mut connector = HttpConnector::new();
         connector.set_nodelay(true);
         connector.set_connect_timeout(Some(limits.upstream_connect_timeout));
@@ -153,14 +165,14 @@ impl HttpForwarder {
         // Zero keeps none. A request hyper never wrote to a pooled connection that turned
         // out closed is sent again on a new one (hyper-util's retry of canceled requests,
         // on by default); one that was written is never sent twice.
-        let max_idle = if idle_timeout.is_zero() {
+        let max_idle = if upstream_idle.is_zero() {
             0
         } else {
             UPSTREAM_POOL_MAX_IDLE
         };
         // The write queues are part of the request buffer budget (see `budget`).
         let http1 = Client::builder(TokioExecutor::new())
-            .pool_idle_timeout(idle_timeout)
+            .pool_idle_timeout(upstream_idle)
             .pool_max_idle_per_host(max_idle)
             .pool_timer(TokioTimer::new())
             .http1_max_buf_size(crate::config::UPSTREAM_WRITE_BUFFER)
@@ -174,7 +186,7 @@ impl HttpForwarder {
             .http2_initial_stream_window_size(H2_STREAM_WINDOW)
             .http2_initial_connection_window_size(H2_CONNECTION_WINDOW)
             .http2_max_send_buf_size(crate::config::UPSTREAM_WRITE_BUFFER)
-            .pool_idle_timeout(idle_timeout)
+            .pool_idle_timeout(upstream_idle)
             .pool_max_idle_per_host(max_idle)
             .pool_timer(TokioTimer::new())
             .timer(TokioTimer::new())
@@ -192,7 +204,7 @@ impl HttpForwarder {
         };
         Self {
             pool,
-            protocol,
+            protocol: plan.upstream_protocol,
             http1,
             h2c,
             upstream_slots: Arc::new(Semaphore::new(limits.max_upstream_requests)),
@@ -200,8 +212,8 @@ impl HttpForwarder {
             limits,
             budget,
             trusted,
-            security_headers,
-            error_body,
+            security_headers: plan.security_headers,
+            error_body: plan.error_body,
             log_name: Arc::from(metrics.name()),
             metrics,
             access_log,

@@ -34,10 +34,10 @@ type ProbeClient = Client<UpstreamConnector, Full<Bytes>>;
 /// started for `HealthCheckKind::Off` (or `Auto`, which callers resolve first).
 pub fn spawn(
     pool: &Arc<UpstreamPool>,
-    kind: HealthCheckKind,
-    config: &HealthCheckConfig,
+    plan: &crate::plan::HealthCheckPlan,
     shutdown: &CancellationToken,
 ) {
+    let (kind, config) = (plan.kind, &plan.settings);
     let probe = match kind {
         HealthCheckKind::Off | HealthCheckKind::Auto => return,
         HealthCheckKind::Connect => Probe::Connect,

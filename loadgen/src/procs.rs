@@ -7,8 +7,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
+pub use crate::launch::Launched;
 use anyhow::{anyhow, bail, Context, Result};
-pub use proxy::launch::Launched;
 
 /// How long a process may take to become ready or to exit.
 const START_LIMIT: Duration = Duration::from_secs(60);
@@ -85,7 +85,7 @@ pub fn pin_current_thread(cpus: &[usize]) -> Result<()> {
         .map_err(|e| anyhow!("sched_setaffinity({cpus:?}): {e}"))
 }
 
-/// Starts `cmd` (which must take `--ready-file`) through the proxy's launcher, pinned to
+/// Starts `cmd` (which must take `--ready-file`) through the launcher, pinned to
 /// `cpus` when given, and waits for its ready file. Blocking.
 pub fn start(
     mut cmd: Command,
@@ -113,6 +113,23 @@ pub fn start(
         }
     }
     Ok(Launched::start(cmd, what, work_dir, START_LIMIT)?)
+}
+
+/// `binary run --config WORK_DIR/WHAT.toml EXTRA...`, the configuration written with only
+/// what differs from the defaults (so an older build reads it too). Start it with [`start`].
+pub fn proxy_command(
+    config: &proxy::config::Config,
+    binary: &Path,
+    work_dir: &Path,
+    what: &str,
+    extra_args: &[String],
+) -> std::io::Result<Command> {
+    std::fs::create_dir_all(work_dir)?;
+    let path = work_dir.join(format!("{what}.toml"));
+    std::fs::write(&path, config.to_sparse_toml())?;
+    let mut cmd = Command::new(binary);
+    cmd.arg("run").arg("--config").arg(&path).args(extra_args);
+    Ok(cmd)
 }
 
 /// SIGTERM, then a bounded wait, then SIGKILL; a non-zero exit is logged, not an error.

@@ -641,6 +641,19 @@ fn is_default<T: Default + PartialEq>(value: &T) -> bool {
 }
 
 impl ListenerConfig {
+    /// A listener of its required keys, every other at the file's default (serde's, so
+    /// the defaults are spelled once).
+    pub fn new(listen: String, cert: PathBuf, key: PathBuf, upstream: Vec<String>) -> Self {
+        let mut listener: Self =
+            toml::from_str("listen = \"\"\ncert = \"\"\nkey = \"\"\nupstream = []")
+                .expect("the required keys make a listener");
+        listener.listen = listen;
+        listener.cert = cert;
+        listener.key = key;
+        listener.upstream = upstream;
+        listener
+    }
+
     /// The listener's name for logs and metrics.
     pub fn display_name(&self, index: usize) -> String {
         self.name
@@ -689,11 +702,121 @@ impl Config {
     pub fn to_toml(&self) -> String {
         toml::to_string_pretty(self).unwrap_or_else(|e| format!("# cannot render: {e}"))
     }
+
+    /// The configuration as TOML with only what differs from the defaults (a listener's
+    /// required keys always), for a proxy another program starts: the file reads back as
+    /// this configuration, and a build older than a key it leaves at its default still
+    /// reads it (a benchmark of the binary before a change, for before/after figures).
+    pub fn to_sparse_toml(&self) -> String {
+        let mut sparse = as_table(self);
+        sparse.remove("listener");
+        keep_what_differs(&mut sparse, &as_table(&Self::empty()));
+        let listeners: Vec<toml::Value> = self
+            .listeners
+            .iter()
+            .map(|l| {
+                let required =
+                    ListenerConfig::new(l.listen.clone(), l.cert.clone(), l.key.clone(), vec![]);
+                let full = as_table(l);
+                let mut table = full.clone();
+                keep_what_differs(&mut table, &as_table(&required));
+                for key in ["listen", "cert", "key", "upstream"] {
+                    if let Some(value) = full.get(key) {
+                        table.insert(key.to_owned(), value.clone());
+                    }
+                }
+                // One node as a plain string, which every proxy version reads.
+                if let Some(toml::Value::Array(nodes)) = table.get("upstream") {
+                    if let [one] = nodes.as_slice() {
+                        table.insert("upstream".to_owned(), one.clone());
+                    }
+                }
+                toml::Value::Table(table)
+            })
+            .collect();
+        if !listeners.is_empty() {
+            sparse.insert("listener".to_owned(), toml::Value::Array(listeners));
+        }
+        toml::to_string(&sparse).expect("a table of TOML values renders")
+    }
+}
+
+/// A configuration struct as a TOML table.
+fn as_table<T: Serialize>(value: &T) -> toml::Table {
+    toml::Table::try_from(value).expect("a configuration is plain TOML values")
+}
+
+/// Removes from `table` every entry equal to `defaults`'s, tables compared key by key (a
+/// table left empty goes too).
+fn keep_what_differs(table: &mut toml::Table, defaults: &toml::Table) {
+    table.retain(|key, value| match (value, defaults.get(key)) {
+        (_, None) => true,
+        (toml::Value::Table(inner), Some(toml::Value::Table(default))) => {
+            keep_what_differs(inner, default);
+            !inner.is_empty()
+        }
+        (value, Some(default)) => value != default,
+    });
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_sparse_file_reads_back_as_the_configuration_and_holds_only_what_differs() {
+        let mut config = Config::empty();
+        config.provider = ProviderName::Ring;
+        config.worker_threads = 1;
+        config.limits.idle_timeout = Duration::from_secs(600);
+        config.admin.listen = "127.0.0.1:0".into();
+        let mut grpc = ListenerConfig::new(
+            "127.0.0.1:0".into(),
+            "/certs/a.crt".into(),
+            "/certs/a.key".into(),
+            vec!["http://127.0.0.1:6334".into()],
+        );
+        grpc.name = Some("grpc".into());
+        grpc.upstream_protocol = UpstreamProtocol::H2c;
+        grpc.tls.min_version = TlsVersion::Tls13;
+        grpc.tls.resumption = false;
+        config.listeners.push(grpc);
+        config.listeners.push(ListenerConfig::new(
+            "127.0.0.1:0".into(),
+            "/certs/b.crt".into(),
+            "/certs/b.key".into(),
+            vec!["http://127.0.0.1:1".into(), "http://127.0.0.1:2".into()],
+        ));
+        let text = config.to_sparse_toml();
+        let back: Config = toml::from_str(&text).unwrap_or_else(|e| panic!("{e}\n{text}"));
+        assert_eq!(
+            serde_json::to_value(&back).unwrap(),
+            serde_json::to_value(&config).unwrap(),
+            "{text}"
+        );
+        // One node is a plain string (every proxy version reads it); defaults are absent.
+        assert!(
+            text.contains("upstream = \"http://127.0.0.1:6334\""),
+            "{text}"
+        );
+        for default in [
+            "max_version",
+            "log_level",
+            "handshake",
+            "max_connections",
+            "mode",
+        ] {
+            assert!(
+                !text.contains(default),
+                "{default} is at its default: {text}"
+            );
+        }
+        assert_eq!(
+            text.lines().filter(|l| l.contains('=')).count(),
+            17,
+            "{text}"
+        );
+    }
 
     #[test]
     fn the_example_configuration_parses_with_every_hardening_setting() {

@@ -7,8 +7,9 @@
 //!
 //! The public interface is what the load generator, the tests and the fuzz targets use:
 //! [`crypto`] (providers, keys, certificates, QAT), [`tls`] (server and client
-//! configurations, the handshake), [`config`] (the file format), [`launch`] (starting a
-//! `proxy run` and reading its ready file), `fuzzing` (hidden: the fuzz targets' entry
+//! configurations, the handshake), [`config`] (the file format, written back sparsely for a
+//! proxy another program starts), [`ready`] (the ready file `proxy run` writes once
+//! listening), `fuzzing` (hidden: the fuzz targets' entry
 //! points), [`error_chain`], and [`main`], the binary's entry point. Everything else is
 //! private to the crate.
 //!
@@ -35,8 +36,8 @@
 //!   peer log lines;
 //! - `allocator` the C allocator's thresholds, so connections reuse freed buffers;
 //! - `fuzzing` (hidden) the fuzz targets' entry points, with the invariants they check;
-//! - [`launch`] starting a `proxy run` process from typed settings and reading its ready
-//!   file: the one launcher of loadgen, the examples and the tests.
+//! - [`ready`] the ready file: what `proxy run --ready-file` writes once every listener is
+//!   bound, and what `proxy upgrade`, loadgen and the tests read.
 
 // Unsafe code is confined to the OpenSSL calls that rustls-openssl and the openssl crate
 // do not expose, all in `crypto::qat`: `ffi` (the provider and ASYNC job bindings) and
@@ -56,7 +57,6 @@ pub mod crypto;
 #[doc(hidden)]
 pub mod fuzzing;
 pub(crate) mod http;
-pub mod launch;
 pub(crate) mod listener;
 pub(crate) mod liveness;
 pub(crate) mod metrics;
@@ -66,6 +66,7 @@ pub(crate) mod proxy_protocol;
 pub(crate) mod rapid_reset;
 pub(crate) mod rate_limit;
 pub(crate) mod ratelog;
+pub mod ready;
 pub(crate) mod reload;
 pub(crate) mod server;
 pub(crate) mod switch;

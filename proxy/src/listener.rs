@@ -48,7 +48,7 @@ pub(crate) struct ListenerCtx {
     /// Its upstream nodes.
     pub upstreams: Arc<UpstreamPool>,
     /// The active checks of `upstreams`.
-    pub health_check: crate::plan::HealthCheckPlan,
+    pub health_check: crate::upstream::HealthCheckPlan,
     /// Where a PROXY protocol header is read from (`None`: the listener takes none).
     pub proxy_protocol: Option<TrustedProxies>,
     /// The listener's own connection limit, if it has one (kept across reloads that do

@@ -26,6 +26,7 @@ use crate::trust::TrustedProxies;
 use crate::upstream::UpstreamAddr;
 
 pub use crate::tls::{SniPlan, TlsPlan};
+pub use crate::upstream::HealthCheckPlan;
 
 /// The whole process, checked and parsed.
 #[derive(Clone, Debug)]
@@ -126,16 +127,6 @@ pub struct HttpPlan {
     pub rate_limits: Vec<RateLimitConfig>,
     /// Per-method metrics.
     pub method_metrics: crate::metrics::MethodMetricsConfig,
-}
-
-/// The active checks of a listener's nodes.
-#[derive(Clone, Debug, PartialEq)]
-pub struct HealthCheckPlan {
-    /// The probe in effect: never `Auto` (decided by the mode, the upstream protocol and
-    /// the number of nodes).
-    pub kind: HealthCheckKind,
-    /// Its interval, timeout, thresholds and path.
-    pub settings: HealthCheckConfig,
 }
 
 impl ListenerPlan {

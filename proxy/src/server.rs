@@ -338,7 +338,7 @@ pub fn write_ready_file(
     listeners: &[(String, SocketAddr)],
     admin: Option<SocketAddr>,
 ) -> std::io::Result<()> {
-    crate::launch::Ready {
+    crate::ready::Ready {
         pid: std::process::id(),
         admin,
         listeners: listeners.iter().cloned().collect(),

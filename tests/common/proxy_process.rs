@@ -3,7 +3,7 @@
 
 #[allow(unused_imports)]
 use super::*;
-use proxy::launch::Launched;
+use loadgen::launch::Launched;
 
 /// A running `proxy run` process.
 pub struct ProxyProcess {
@@ -137,7 +137,7 @@ impl ProxyProcess {
     /// The pid serving now, as the ready file names it: another one after an upgrade.
     pub fn serving_pid(&self) -> u32 {
         let text = std::fs::read_to_string(self.ready_file()).expect("the ready file");
-        let ready: proxy::launch::Ready = serde_json::from_str(&text).expect("a ready file");
+        let ready: proxy::ready::Ready = serde_json::from_str(&text).expect("a ready file");
         ready.pid
     }
 
@@ -174,7 +174,7 @@ impl Drop for ProxyProcess {
     fn drop(&mut self) {
         // A process an upgrade started is no child of the test: it goes by its pid.
         if let Ok(text) = std::fs::read_to_string(self.ready_file()) {
-            if let Ok(ready) = serde_json::from_str::<proxy::launch::Ready>(&text) {
+            if let Ok(ready) = serde_json::from_str::<proxy::ready::Ready>(&text) {
                 if ready.pid != self.process.pid() {
                     let pid = nix::unistd::Pid::from_raw(ready.pid as i32);
                     let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);

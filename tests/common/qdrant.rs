@@ -5,7 +5,7 @@ use super::*;
 
 /// A running `embedded-qdrant` process; killed on drop.
 pub struct EmbeddedQdrant {
-    process: proxy::launch::Launched,
+    process: loadgen::launch::Launched,
     /// REST address.
     pub rest: SocketAddr,
     /// gRPC address.
@@ -48,7 +48,7 @@ impl EmbeddedQdrant {
             .arg("--data")
             .arg(data)
             .args(extra);
-        let process = proxy::launch::Launched::start(cmd, "embedded-qdrant", &dir, WAIT)
+        let process = loadgen::launch::Launched::start(cmd, "embedded-qdrant", &dir, WAIT)
             .unwrap_or_else(|e| {
                 panic!("{e}\n{}", std::fs::read_to_string(&log).unwrap_or_default())
             });

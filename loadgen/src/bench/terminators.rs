@@ -13,12 +13,11 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
+use proxy::config::{Config, ListenerConfig};
 use proxy::crypto::{CertAlgorithmName, KxGroupName, ProviderName};
-use proxy::launch::{
-    log_tail, terminate, AdminSettings, LimitSettings, ListenerSettings, ProxySettings, TlsSettings,
-};
 use proxy::tls::TlsVersion;
 
+use crate::launch::{log_tail, terminate};
 use crate::probe::cpu;
 use crate::procs::{self, Launched};
 
@@ -183,40 +182,29 @@ pub fn start_proxy(
     launcher: &[String],
 ) -> Result<Terminator> {
     let loopback_port_0: SocketAddr = ([127, 0, 0, 1], 0).into();
-    let settings = ProxySettings {
-        provider,
-        log_level: Some("warn".to_owned()),
-        worker_threads: Some(worker_threads),
-        limits: LimitSettings {
-            max_connections: Some(MAX_CONNECTIONS),
-            idle_timeout: Some(Duration::from_secs(600)),
-        },
-        admin: Some(AdminSettings {
-            listen: loopback_port_0,
-        }),
-        listeners: certs
-            .algorithms
-            .iter()
-            .map(|alg| ListenerSettings {
-                name: alg.as_str().to_owned(),
-                listen: loopback_port_0,
-                cert: certs.cert(*alg),
-                key: certs.key(*alg),
-                upstream: sinks.iter().map(|s| format!("http://{s}")).collect(),
-                // gRPC over h2c, the rest over HTTP/1.1: the proxy's own default (auto).
-                upstream_protocol: None,
-                tls: TlsSettings {
-                    min_version: Some(TlsVersion::Tls13),
-                    max_version: None,
-                    kx_groups: Some(vec![KxGroupName::X25519]),
-                    resumption: Some(false),
-                },
-            })
-            .collect(),
-    };
+    let mut config = Config::empty();
+    config.provider = provider;
+    config.log_level = "warn".to_owned();
+    config.worker_threads = worker_threads;
+    config.limits.max_connections = MAX_CONNECTIONS;
+    config.limits.idle_timeout = Duration::from_secs(600);
+    config.admin.listen = loopback_port_0.to_string();
+    for alg in &certs.algorithms {
+        // gRPC over h2c, the rest over HTTP/1.1: the proxy's own default (auto).
+        let mut listener = ListenerConfig::new(
+            loopback_port_0.to_string(),
+            certs.cert(*alg),
+            certs.key(*alg),
+            sinks.iter().map(|s| format!("http://{s}")).collect(),
+        );
+        listener.name = Some(alg.as_str().to_owned());
+        listener.tls.min_version = TlsVersion::Tls13;
+        listener.tls.kx_groups = Some(vec![KxGroupName::X25519]);
+        listener.tls.resumption = false;
+        config.listeners.push(listener);
+    }
     let what = file_stem(label);
-    let cmd = settings
-        .command(binary, work, &what, extra_args)
+    let cmd = procs::proxy_command(&config, binary, work, &what, extra_args)
         .with_context(|| format!("writing {what}'s configuration under {}", work.display()))?;
     let cmd = match launcher.split_first() {
         Some((program, args)) => {

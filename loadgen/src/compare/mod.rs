@@ -14,8 +14,8 @@ use std::time::{Duration, Instant};
 use anyhow::{anyhow, bail, Context, Result};
 use clap::{Args, ValueEnum};
 use proxy::config::UpstreamProtocol;
+use proxy::config::{Config, ListenerConfig};
 use proxy::crypto::{generate_cert_set, KxGroupName, ProviderName};
-use proxy::launch::{AdminSettings, LimitSettings, ListenerSettings, ProxySettings, TlsSettings};
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
@@ -529,38 +529,40 @@ async fn run_local_cell(
 ) -> Result<String> {
     let bin = args.terminators.proxy_bin();
     let loopback_port_0: SocketAddr = ([127, 0, 0, 1], 0).into();
-    let settings = ProxySettings {
-        provider: match &cell.provider {
-            CellProvider::Proxy(p) => *p,
-            CellProvider::Peer(name) => bail!("{name} is not a provider of the proxy"),
-        },
-        log_level: None,
-        worker_threads: args.proxy_worker_threads,
-        limits: LimitSettings::default(),
-        admin: Some(AdminSettings {
-            listen: loopback_port_0,
-        }),
-        listeners: vec![ListenerSettings {
-            // The name the proxy gives an unnamed first listener, as when compare started it
-            // with flags: results record the listener labels of its /metrics.
-            name: "listener0".to_owned(),
-            listen: loopback_port_0,
-            cert: cert_dir.join(format!("{}.crt", cell.algorithm)),
-            key: cert_dir.join(format!("{}.key", cell.algorithm)),
-            upstream: vec![upstream.to_owned()],
-            upstream_protocol: Some(match args.protocol {
-                Protocol::Grpc => UpstreamProtocol::H2c,
-                Protocol::Rest => UpstreamProtocol::Http1,
-            }),
-            tls: TlsSettings {
-                min_version: Some(args.tls_version),
-                max_version: Some(args.tls_version),
-                kx_groups: Some(args.kx.clone()),
-                resumption: Some(args.resumption == OnOff::On),
-            },
-        }],
+    let mut config = Config::empty();
+    config.provider = match &cell.provider {
+        CellProvider::Proxy(p) => *p,
+        CellProvider::Peer(name) => bail!("{name} is not a provider of the proxy"),
     };
-    let cmd = settings.command(&bin, work, "proxy", &args.proxy_args_for(settings.provider))?;
+    if let Some(n) = args.proxy_worker_threads {
+        config.worker_threads = n;
+    }
+    config.admin.listen = loopback_port_0.to_string();
+    let mut listener = ListenerConfig::new(
+        loopback_port_0.to_string(),
+        cert_dir.join(format!("{}.crt", cell.algorithm)),
+        cert_dir.join(format!("{}.key", cell.algorithm)),
+        vec![upstream.to_owned()],
+    );
+    // The name the proxy gives an unnamed first listener, as when compare started it with
+    // flags: results record the listener labels of its /metrics.
+    listener.name = Some("listener0".to_owned());
+    listener.upstream_protocol = match args.protocol {
+        Protocol::Grpc => UpstreamProtocol::H2c,
+        Protocol::Rest => UpstreamProtocol::Http1,
+    };
+    listener.tls.min_version = args.tls_version;
+    listener.tls.max_version = args.tls_version;
+    listener.tls.kx_groups = Some(args.kx.clone());
+    listener.tls.resumption = args.resumption == OnOff::On;
+    config.listeners.push(listener);
+    let cmd = procs::proxy_command(
+        &config,
+        &bin,
+        work,
+        "proxy",
+        &args.proxy_args_for(config.provider),
+    )?;
     let cpus = args.proxy_cpus.as_ref().map(|l| l.cpus.as_slice());
     // The budget's group (or scope) is the cell's own: made before the proxy starts, removed
     // once it has exited.

@@ -115,7 +115,10 @@ pub(crate) mod schema {
 
     #[test]
     fn the_probe_tells_known_keys_from_unknown_ones() {
-        assert!(knows::<crate::config::Config>("", &["limits", "idle_timeout"]));
+        assert!(knows::<crate::config::Config>(
+            "",
+            &["limits", "idle_timeout"]
+        ));
         assert!(knows::<crate::config::Config>("", &["provider"]));
         assert!(!knows::<crate::config::Config>("", &["limits", "idle"]));
         assert!(!knows::<crate::config::Config>("", &["idle_timeout"]));

@@ -165,11 +165,13 @@ impl ListenerFlags {
                 )],
             });
         }
-        // Through serde, so the defaults are the file's, spelled once in config.rs.
-        Ok(
-            toml::from_str("listen = \"\"\ncert = \"\"\nkey = \"\"\nupstream = []")
-                .expect("the required fields make a listener"),
-        )
+        // `set` fills the required keys in.
+        Ok(ListenerConfig::new(
+            String::new(),
+            PathBuf::new(),
+            PathBuf::new(),
+            Vec::new(),
+        ))
     }
 }
 

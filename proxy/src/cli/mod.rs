@@ -115,7 +115,7 @@ pub fn main() -> ExitCode {
 
 /// `proxy upgrade`: the signal, then the ready file watched for the outcome.
 fn upgrade(args: &UpgradeArgs) -> ExitCode {
-    let read = || -> Result<crate::launch::Ready, String> {
+    let read = || -> Result<crate::ready::Ready, String> {
         let text = std::fs::read_to_string(&args.ready_file)
             .map_err(|e| format!("{}: {e}", args.ready_file.display()))?;
         serde_json::from_str(&text).map_err(|e| format!("{}: {e}", args.ready_file.display()))
@@ -333,7 +333,7 @@ fn run(args: RunArgs) -> ExitCode {
             proxy.metrics(),
             move |outcome| {
                 if let (crate::upgrade::Outcome::Failed(reason), Some(path)) = (outcome, &ready_file) {
-                    let note = |mut ready: crate::launch::Ready| {
+                    let note = |mut ready: crate::ready::Ready| {
                         ready.upgrade_failed = Some(reason.clone());
                         ready.write(path)
                     };
@@ -481,7 +481,8 @@ mod tests {
     use super::*;
 
     /// A `[[listener]]` entry with its required keys, for the listener flags' keys.
-    const LISTENER: &str = "[[listener]]\nlisten = \"a:1\"\ncert = \"c\"\nkey = \"k\"\nupstream = []";
+    const LISTENER: &str =
+        "[[listener]]\nlisten = \"a:1\"\ncert = \"c\"\nkey = \"k\"\nupstream = []";
 
     fn groups() -> [(&'static [FlagKey], &'static str, &'static str); 2] {
         [
@@ -529,7 +530,10 @@ mod tests {
             .map(|a| a.get_id().as_str())
             .filter(|id| !["config", "ready_file", "help"].contains(id))
             .collect();
-        for arg in run.get_arguments().filter(|a| flags.contains(a.get_id().as_str())) {
+        for arg in run
+            .get_arguments()
+            .filter(|a| flags.contains(a.get_id().as_str()))
+        {
             assert_eq!(
                 arg.get_long().map(|l| l.replace('-', "_")).as_deref(),
                 Some(arg.get_id().as_str()),
@@ -556,7 +560,10 @@ mod tests {
             .map(|long| format!("`--{long}"))
             .filter(|flag| !docs.contains(flag.as_str()))
             .collect();
-        assert!(undocumented.is_empty(), "not in docs/proxy.md: {undocumented:?}");
+        assert!(
+            undocumented.is_empty(),
+            "not in docs/proxy.md: {undocumented:?}"
+        );
     }
 
     /// Flags whose name is not their key set the key the table names, over the file's value.
@@ -592,14 +599,21 @@ mod tests {
         let cfg = args.flags.resolve(Some(&file)).unwrap();
         std::fs::remove_file(&file).unwrap();
         assert_eq!(cfg.limits.upstream_response_timeout, Duration::from_secs(3));
-        assert_eq!(cfg.limits.idle_timeout, Duration::from_secs(60), "the file's");
+        assert_eq!(
+            cfg.limits.idle_timeout,
+            Duration::from_secs(60),
+            "the file's"
+        );
         assert_eq!(cfg.limits.request_buffer_budget, Some(123));
         assert_eq!(cfg.admin.listen, "127.0.0.1:1");
         assert_eq!(cfg.qat.batch_wait, Duration::from_millis(2));
         let l = &cfg.listeners[0];
         assert_eq!(l.tls.min_version, crate::config::TlsVersion::Tls13);
         assert_eq!(l.proxy_protocol.as_ref().unwrap().trusted, ["10.0.0.0/8"]);
-        assert_eq!(l.upstream_tls.ca.as_deref(), Some(std::path::Path::new("ca.pem")));
+        assert_eq!(
+            l.upstream_tls.ca.as_deref(),
+            Some(std::path::Path::new("ca.pem"))
+        );
         assert_eq!(l.listen, "a:1", "the file's");
     }
 }

@@ -3,11 +3,9 @@
 //!
 //! Clients send a body in the pieces their framing gives it: h2load, gRPC's C core and Go
 //! send 16 KiB DATA frames whatever the proxy allows, and an HTTP/1.1 body arrives in
-//! whatever one read of the socket held. Forwarded as they came, a 763 KB upload from
-//! h2load left in 6.9 writes to the upstream and woke the proxy 5.0 times, against 2.3 and
-//! 1.9 from a client sending 1 MiB frames (perf's syscall counts), and cost the proxy
-//! about 0.4 ms more CPU per MB, most of it in the kernel; nginx reads a whole body before
-//! it forwards any, so the pace of the pieces costs it little.
+//! whatever one read of the socket held. Forwarded as they came, each piece is a write to
+//! the upstream and a wake-up of the proxy, most of the cost in the kernel; nginx reads a
+//! whole body before it forwards any, so the pace of the pieces costs it little.
 //!
 //! [`Gather`] holds such pieces (no copy: the `Bytes` themselves) and hands them on in one
 //! run, which hyper's HTTP/1.1 client writes with one vectored write and its h2 client
@@ -21,12 +19,8 @@
 //! gets no [`Gather`] at all. An upstream that reads a known-length body as it streams in
 //! sees it in runs of up to the cap instead of piece by piece (nginx, which buffers a whole
 //! body before it connects upstream, delays it more); a client that trickles its body still
-//! counts as making progress with every piece (the stall timeout), held or not.
-//!
-//! Measured with it (docs/benchmarks.md, eight interleaved runs beside nginx and HAProxy):
-//! bodies from HTTP/1.1 clients cost the proxy 12-20 % less CPU, nearly all of it kernel
-//! time, with the same user-space instructions; h2 from h2load was cheaper in two runs of
-//! four; gRPC, whose upstream writes `upstream::coalesce` already gathers, did not move.
+//! counts as making progress with every piece (the stall timeout), held or not. What it
+//! saves, measured, is in docs/benchmarks.md ("Writes and bodies on the data path").
 
 use std::collections::VecDeque;
 

@@ -3,10 +3,11 @@
 //! 8 KiB head buffer, its timers) is ended and only the client stream is kept, waiting for
 //! the next bytes; when they come a fresh hyper connection takes the stream on.
 //!
-//! An ingestion client between batches is such a connection, often for minutes. Held by
-//! hyper it cost ~25 KiB; set aside it costs what a connection that never sent a request
-//! costs (the stream and its TLS state), as nginx frees its buffers on a keep-alive
-//! connection that goes quiet. hyper has no way to shrink an idle connection, so the
+//! An ingestion client between batches is such a connection, often for minutes. Set aside,
+//! it costs what a connection that never sent a request costs (the stream and its TLS
+//! state) instead of hyper's buffers as well, as nginx frees its buffers on a keep-alive
+//! connection that goes quiet (docs/benchmarks.md, "Writes and bodies on the data path",
+//! has the sizes). hyper has no way to shrink an idle connection, so the
 //! stream is taken back from it: [`SetAside`] ends hyper's reading with an end of stream
 //! at the moment nothing is in flight and nothing unsent, which hyper takes as a client
 //! that closed between requests (no response, no error), and declines hyper's shutdown of

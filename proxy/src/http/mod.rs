@@ -44,9 +44,9 @@ use tokio_util::sync::CancellationToken;
 
 use crate::access_log::{AccessLog, ConnectionFacts};
 use crate::config::{ErrorBody, Limits, UpstreamProtocol};
-use crate::plan::HttpPlan;
 use crate::liveness::{Activity, Quiet, QuietLimits, RequestGuard};
 use crate::metrics::ListenerMetrics;
+use crate::plan::HttpPlan;
 use crate::trust::TrustedProxies;
 use crate::upstream::{UpstreamConnector, UpstreamPool};
 

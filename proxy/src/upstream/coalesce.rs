@@ -3,23 +3,20 @@
 //!
 //! h2 writes one DATA frame per write call and flushes after each (its encoder holds one
 //! frame's payload at a time), and an upstream that advertises 16 KiB frames (Qdrant's, and
-//! tonic's, default) fixes that size: a 416 KB gRPC upsert became 26 `writev` calls of
-//! 16 KB to the upstream, each waking the upstream's reader, where the HTTP/1.1 path writes
-//! ~100 KB at a time. Measured here (strace, `loadgen bench` gRPC row): 62 upstream writes
-//! per MB averaging 16 KB; the sends were a third of the proxy's CPU on the bulk rows.
+//! tonic's, default) fixes that size: a gRPC upsert would leave in 16 KB writes, each
+//! waking the upstream's reader, where the HTTP/1.1 path writes ~100 KB at a time
+//! (docs/benchmarks.md, "Writes and bodies on the data path", has the measurements).
 //!
 //! [`UpstreamIo`] gathers what h2 writes and answers a flush that follows fresh writes by
 //! yielding once instead of writing: the connection task is polled again after the tasks
 //! that were ready (the request bodies that feed it), and writes when a flush finds nothing
 //! new since the last, or when [`COALESCE_MAX`] bytes are gathered. So every frame h2 has
 //! in hand within one turn of the scheduler goes out in one write, and a lone frame waits
-//! one turn, no timer. With it the gRPC row's upstream writes averaged 91 KB and its CPU per
-//! MB fell by a fifth (the closing note of the change has the runs).
+//! one turn, no timer.
 //!
 //! HTTP/1.1 connections pass through untouched: hyper's HTTP/1.1 client already queues a
-//! request's body chunks into one vectored write (~100 KB here). Holding its first write
-//! of a burst back one turn as well (no copy: `Pending` and a wake) made those writes
-//! ~160 KB but cost more CPU per MB than it saved, so it is not done.
+//! request's body chunks into one vectored write, and holding its first write of a burst
+//! back one turn as well cost more CPU than it saved.
 
 use std::future::Future;
 use std::io;

@@ -34,7 +34,7 @@ type ProbeClient = Client<UpstreamConnector, Full<Bytes>>;
 /// started for `HealthCheckKind::Off` (or `Auto`, which callers resolve first).
 pub fn spawn(
     pool: &Arc<UpstreamPool>,
-    plan: &crate::plan::HealthCheckPlan,
+    plan: &super::HealthCheckPlan,
     shutdown: &CancellationToken,
 ) {
     let (kind, config) = (plan.kind, &plan.settings);

@@ -24,7 +24,9 @@ use tokio::time::Instant;
 
 pub use addr::UpstreamAddr;
 pub use coalesce::UpstreamConnector;
-pub use settings::{Balance, HealthCheckConfig, HealthCheckKind, UpstreamTlsConfig};
+pub use settings::{
+    Balance, HealthCheckConfig, HealthCheckKind, HealthCheckPlan, UpstreamTlsConfig,
+};
 pub use tls::UpstreamTlsPair;
 
 use crate::metrics::{ListenerMetrics, NodeMetrics};

@@ -111,3 +111,13 @@ impl UpstreamTlsConfig {
         *self == Self::default()
     }
 }
+
+/// The active checks of a listener's nodes.
+#[derive(Clone, Debug, PartialEq)]
+pub struct HealthCheckPlan {
+    /// The probe in effect: never `Auto` (decided by the mode, the upstream protocol and
+    /// the number of nodes).
+    pub kind: HealthCheckKind,
+    /// Its interval, timeout, thresholds and path.
+    pub settings: HealthCheckConfig,
+}

@@ -1,4 +1,4 @@
-//! Shared by the measurement examples: a minimal upstream, the real proxy binary started on
+//! The measurement example's parts: a minimal upstream, the real proxy binary started on
 //! loopback, and a TLS client with a full handshake per connection.
 #![allow(dead_code)]
 
@@ -11,7 +11,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Empty, Full};
 use hyper_util::rt::{TokioExecutor, TokioIo};
-use proxy::launch::Launched;
+use loadgen::launch::Launched;
 use rustls::pki_types::ServerName;
 
 /// A running proxy process; killed on drop (by the launcher).
@@ -21,7 +21,7 @@ pub struct RunningProxy {
     pub admin: SocketAddr,
 }
 
-/// Starts `binary run` on 127.0.0.1:0 with `args` through the proxy's launcher and waits
+/// Starts `binary run` on 127.0.0.1:0 with `args` through loadgen's launcher and waits
 /// for its ready file.
 pub async fn start_proxy(
     binary: &str,

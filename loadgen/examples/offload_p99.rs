@@ -6,7 +6,7 @@
 //! differ in what they can differ in: whether a request waits behind a signature.
 //!
 //! ```text
-//! cargo build --release -p proxy --bins --examples
+//! cargo build --release -p proxy --bins && cargo build --release -p loadgen --examples
 //! target/release/examples/offload_p99 target/release/proxy openssl 5
 //! ```
 //! Arguments: proxy binary, provider (default openssl), seconds per placement (default 5).

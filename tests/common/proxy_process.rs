@@ -29,18 +29,7 @@ impl ProxyProcess {
         extra: &[&str],
     ) -> Self {
         let (cert, key) = server_cert(alg);
-        let mut args: Vec<String> = vec![
-            "--listen".into(),
-            "127.0.0.1:0".into(),
-            "--upstream".into(),
-            upstream.into(),
-            "--provider".into(),
-            provider.as_str().into(),
-            "--cert".into(),
-            cert.display().to_string(),
-            "--key".into(),
-            key.display().to_string(),
-        ];
+        let mut args = listener_args(upstream, provider, &cert, &key);
         args.extend(extra.iter().map(|s| (*s).to_owned()));
         Self::start_raw(&args)
     }
@@ -187,6 +176,31 @@ impl Drop for ProxyProcess {
         let _ = self.process.child.wait();
         let _ = std::fs::remove_dir_all(&self.dir);
     }
+}
+
+/// The flags of a listener on 127.0.0.1:0 in front of `upstream` with `provider` and this
+/// certificate and key: what every test's proxy starts from.
+pub fn listener_args(
+    upstream: &str,
+    provider: ProviderName,
+    cert: &Path,
+    key: &Path,
+) -> Vec<String> {
+    [
+        "--listen",
+        "127.0.0.1:0",
+        "--upstream",
+        upstream,
+        "--provider",
+        provider.as_str(),
+        "--cert",
+        &cert.display().to_string(),
+        "--key",
+        &key.display().to_string(),
+    ]
+    .iter()
+    .map(|s| (*s).to_owned())
+    .collect()
 }
 
 /// `run` arguments for a proxy expected to stop at start-up: loopback port 0 for the

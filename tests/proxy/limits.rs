@@ -15,7 +15,7 @@ use bytes::Bytes;
 use e2e::*;
 use http_body_util::{BodyExt, Full, StreamBody};
 use hyper::body::Frame;
-use proxy::crypto::CertAlgorithmName;
+use proxy::crypto::{CertAlgorithmName, ProviderName};
 
 /// The body limit the proxy under test runs with: small, so that the cells run fast.
 const BODY_LIMIT: usize = 256 * 1024;
@@ -79,22 +79,13 @@ fn path_to(upstream: UpstreamKind) -> Path {
     };
     let (cert, key) = server_cert(CertAlgorithmName::EcdsaP256);
     let ca = certs().ca_cert.display().to_string();
-    let mut flags = args(&[
+    let mut flags = listener_args(&target, ProviderName::AwsLcRs, &cert, &key);
+    flags.extend(args(&[
         "--config",
         limits.to_str().unwrap(),
-        "--listen",
-        "127.0.0.1:0",
-        "--upstream",
-        &target,
         "--upstream-protocol",
         protocol,
-        "--provider",
-        "aws-lc-rs",
-        "--cert",
-        cert.to_str().unwrap(),
-        "--key",
-        key.to_str().unwrap(),
-    ]);
+    ]));
     if node.is_some() {
         flags.extend(args(&["--upstream-ca", &ca]));
     }

@@ -273,18 +273,7 @@ fn proxy_on_files(
     key: &std::path::Path,
     extra: &[&str],
 ) -> ProxyProcess {
-    let mut flags = args(&[
-        "--listen",
-        "127.0.0.1:0",
-        "--upstream",
-        &upstream.url(),
-        "--provider",
-        "aws-lc-rs",
-        "--cert",
-        cert.to_str().unwrap(),
-        "--key",
-        key.to_str().unwrap(),
-    ]);
+    let mut flags = listener_args(&upstream.url(), ProviderName::AwsLcRs, cert, key);
     flags.extend(args(extra));
     ProxyProcess::start_raw(&flags)
 }

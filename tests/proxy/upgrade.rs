@@ -8,6 +8,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use e2e::*;
+use proxy::crypto::ProviderName;
 
 /// `proxy upgrade --ready-file F`, the command an operator (and the package) runs:
 /// (success, what it printed).
@@ -176,18 +177,7 @@ fn a_new_binary_that_cannot_start_changes_nothing_and_a_second_signal_waits_its_
     let (cert, key) = server_cert(proxy::crypto::CertAlgorithmName::EcdsaP256);
     let proxy = ProxyProcess::start_binary(
         &bin,
-        &args(&[
-            "--listen",
-            "127.0.0.1:0",
-            "--upstream",
-            &upstream.url(),
-            "--provider",
-            "aws-lc-rs",
-            "--cert",
-            cert.to_str().unwrap(),
-            "--key",
-            key.to_str().unwrap(),
-        ]),
+        &listener_args(&upstream.url(), ProviderName::AwsLcRs, &cert, &key),
     );
     let before = proxy.serving_pid();
     replace_with_script(&bin, "#!/bin/sh\necho 'this build is broken' >&2\nexit 3\n");

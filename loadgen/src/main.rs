@@ -87,133 +87,153 @@ fn main() -> ExitCode {
         }
     };
     match command {
-        Command::Run(args) => {
-            let rt = match runtime(Some(args.worker_threads())) {
-                Ok(r) => r,
-                Err(code) => return code,
-            };
-            rt.block_on(async move {
-                let stop = stop_on_ctrl_c();
-                match loadgen::run::execute(&args, stop).await {
-                    Ok(result) => {
-                        print!("{}", loadgen::summary::render(&result));
-                        if result.requests_ok == 0 {
-                            eprintln!("error: no request succeeded");
-                            return ExitCode::from(1);
-                        }
-                        ExitCode::SUCCESS
-                    }
-                    Err(e) => {
-                        eprintln!("error: {e:#}");
-                        ExitCode::from(2)
-                    }
+        Command::Run(args) => run(*args),
+        Command::Compare(args) => compare(*args),
+        Command::Bench(args) => bench(*args),
+        Command::Merge { results, out } => merge(&results, &out),
+        Command::Report { dir } => report(&dir),
+    }
+}
+
+/// `loadgen run` (also `loadgen --target ...`): one measured run and its summary.
+fn run(args: RunArgs) -> ExitCode {
+    let rt = match runtime(Some(args.worker_threads())) {
+        Ok(r) => r,
+        Err(code) => return code,
+    };
+    rt.block_on(async move {
+        let stop = stop_on_ctrl_c();
+        match loadgen::run::execute(&args, stop).await {
+            Ok(result) => {
+                print!("{}", loadgen::summary::render(&result));
+                if result.requests_ok == 0 {
+                    eprintln!("error: no request succeeded");
+                    return ExitCode::from(1);
                 }
-            })
-        }
-        Command::Compare(args) => {
-            if let Err(e) = loadgen::compare::pin_loadgen(&args) {
-                eprintln!("error: {e:#}");
-                return ExitCode::from(2);
-            }
-            let rt = match runtime(None) {
-                Ok(r) => r,
-                Err(code) => return code,
-            };
-            rt.block_on(async move {
-                let stop = stop_on_ctrl_c();
-                let failures = match loadgen::compare::execute(&args, stop).await {
-                    Ok(f) => f,
-                    Err(e) => {
-                        eprintln!("error: {e:#}");
-                        return ExitCode::from(2);
-                    }
-                };
-                match loadgen::report::render(&args.out) {
-                    Ok(report) => {
-                        print!("{}", std::fs::read_to_string(args.out.join("report.md")).unwrap_or_default());
-                        println!(
-                            "\nwrote {}/report.md, report.csv, report.html ({} cells measured, {} failed)",
-                            args.out.display(),
-                            report.cells_measured,
-                            failures.len()
-                        );
-                        ExitCode::SUCCESS
-                    }
-                    Err(e) => {
-                        eprintln!("error: rendering the report: {e:#}");
-                        ExitCode::from(1)
-                    }
-                }
-            })
-        }
-        Command::Bench(args) => {
-            let rt = match runtime(Some(2)) {
-                Ok(r) => r,
-                Err(code) => return code,
-            };
-            rt.block_on(async move {
-                let stop = stop_on_ctrl_c();
-                match loadgen::bench::execute(&args, stop).await {
-                    Ok(result) => {
-                        print!("{}", loadgen::bench::render(&result));
-                        println!("\nwrote {}/bench.md and bench.json", args.out.display());
-                        ExitCode::SUCCESS
-                    }
-                    Err(e) => {
-                        eprintln!("error: {e:#}");
-                        ExitCode::from(2)
-                    }
-                }
-            })
-        }
-        Command::Merge { results, out } => {
-            let names: Vec<String> = results.iter().map(|p| p.display().to_string()).collect();
-            let merged = loadgen::merge::read(&results)
-                .and_then(|list| loadgen::merge::merge(&list, &names))
-                .and_then(|m| {
-                    let text = serde_json::to_vec_pretty(&m)?;
-                    std::fs::write(&out, text)?;
-                    Ok(m)
-                });
-            match merged {
-                Ok(m) => {
-                    println!(
-                        "merged {} results into {}: {} requests ok, {} failed, {:.1} requests/s over {:.1} s, p50 {} ms, p99 {} ms",
-                        results.len(),
-                        out.display(),
-                        m.requests_ok,
-                        m.requests_failed,
-                        m.requests_per_second,
-                        m.measured_seconds,
-                        m.latency_ms.as_ref().map_or("n/a".into(), |l| format!("{:.2}", l.p50)),
-                        m.latency_ms.as_ref().map_or("n/a".into(), |l| format!("{:.2}", l.p99)),
-                    );
-                    // The merged run as a run is reported: failures by kind, and the
-                    // seconds they fell in (what each fault did to the clients together).
-                    print!("{}", loadgen::summary::render(&m));
-                    ExitCode::SUCCESS
-                }
-                Err(e) => {
-                    eprintln!("error: {e:#}");
-                    ExitCode::from(2)
-                }
-            }
-        }
-        Command::Report { dir } => match loadgen::report::render(&dir) {
-            Ok(report) => {
-                println!(
-                    "wrote {}/report.md, report.csv, report.html ({} cells measured, {} failed)",
-                    dir.display(),
-                    report.cells_measured,
-                    report.failures.len()
-                );
                 ExitCode::SUCCESS
             }
             Err(e) => {
                 eprintln!("error: {e:#}");
                 ExitCode::from(2)
             }
-        },
+        }
+    })
+}
+
+/// `loadgen compare`: the provider x algorithm matrix, then its report.
+fn compare(args: CompareArgs) -> ExitCode {
+    if let Err(e) = loadgen::compare::pin_loadgen(&args) {
+        eprintln!("error: {e:#}");
+        return ExitCode::from(2);
+    }
+    let rt = match runtime(None) {
+        Ok(r) => r,
+        Err(code) => return code,
+    };
+    rt.block_on(async move {
+        let stop = stop_on_ctrl_c();
+        let failures = match loadgen::compare::execute(&args, stop).await {
+            Ok(f) => f,
+            Err(e) => {
+                eprintln!("error: {e:#}");
+                return ExitCode::from(2);
+            }
+        };
+        match loadgen::report::render(&args.out) {
+            Ok(report) => {
+                print!(
+                    "{}",
+                    std::fs::read_to_string(args.out.join("report.md")).unwrap_or_default()
+                );
+                println!(
+                    "\nwrote {}/report.md, report.csv, report.html ({} cells measured, {} failed)",
+                    args.out.display(),
+                    report.cells_measured,
+                    failures.len()
+                );
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("error: rendering the report: {e:#}");
+                ExitCode::from(1)
+            }
+        }
+    })
+}
+
+/// `loadgen bench`: the terminator benchmark beside nginx and HAProxy.
+fn bench(args: loadgen::bench::BenchArgs) -> ExitCode {
+    let rt = match runtime(Some(2)) {
+        Ok(r) => r,
+        Err(code) => return code,
+    };
+    rt.block_on(async move {
+        let stop = stop_on_ctrl_c();
+        match loadgen::bench::execute(&args, stop).await {
+            Ok(result) => {
+                print!("{}", loadgen::bench::render(&result));
+                println!("\nwrote {}/bench.md and bench.json", args.out.display());
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("error: {e:#}");
+                ExitCode::from(2)
+            }
+        }
+    })
+}
+
+/// `loadgen merge`: one result from the side-by-side processes of one cell.
+fn merge(results: &[std::path::PathBuf], out: &std::path::Path) -> ExitCode {
+    let names: Vec<String> = results.iter().map(|p| p.display().to_string()).collect();
+    let merged = loadgen::merge::read(results)
+        .and_then(|list| loadgen::merge::merge(&list, &names))
+        .and_then(|m| {
+            let text = serde_json::to_vec_pretty(&m)?;
+            std::fs::write(out, text)?;
+            Ok(m)
+        });
+    match merged {
+        Ok(m) => {
+            println!(
+                "merged {} results into {}: {} requests ok, {} failed, {:.1} requests/s over {:.1} s, p50 {} ms, p99 {} ms",
+                results.len(),
+                out.display(),
+                m.requests_ok,
+                m.requests_failed,
+                m.requests_per_second,
+                m.measured_seconds,
+                m.latency_ms.as_ref().map_or("n/a".into(), |l| format!("{:.2}", l.p50)),
+                m.latency_ms.as_ref().map_or("n/a".into(), |l| format!("{:.2}", l.p99)),
+            );
+            // The merged run as a run is reported: failures by kind, and the
+            // seconds they fell in (what each fault did to the clients together).
+            print!("{}", loadgen::summary::render(&m));
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+/// `loadgen report`: the report rendered again from a comparison's JSON.
+fn report(dir: &std::path::Path) -> ExitCode {
+    match loadgen::report::render(dir) {
+        Ok(report) => {
+            println!(
+                "wrote {}/report.md, report.csv, report.html ({} cells measured, {} failed)",
+                dir.display(),
+                report.cells_measured,
+                report.failures.len()
+            );
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::from(2)
+        }
     }
 }
 

@@ -616,17 +616,7 @@ fn listener_plan(
         index: i,
         name,
         listen: listen.expect("checked above"),
-        mode: match lc.mode {
-            ListenerMode::Http => ModePlan::Http(HttpPlan {
-                upstream_protocol: lc.upstream_protocol,
-                upstream_idle_timeout: lc.upstream_idle_timeout,
-                security_headers: lc.security_headers,
-                error_body: lc.error_body,
-                rate_limits: lc.rate_limit.clone(),
-                method_metrics: lc.method_metrics.clone(),
-            }),
-            ListenerMode::Tcp => ModePlan::Tcp(lc.protocol),
-        },
+        mode: mode_plan(lc),
         max_connections: lc.max_connections,
         max_connections_per_client: lc.max_connections_per_client,
         idle_timeout: match (lc.idle_timeout, lc.protocol) {
@@ -642,33 +632,54 @@ fn listener_plan(
         },
         upstream_tls,
         proxy_protocol,
-        tls: TlsPlan {
-            provider: asked_provider(config, lc),
-            cert: lc.cert.clone(),
-            key: lc.key.clone(),
-            sni: lc
-                .sni
-                .iter()
-                .map(|s| SniPlan {
-                    names: s
-                        .server_names
-                        .iter()
-                        .map(|n| n.to_ascii_lowercase())
-                        .collect(),
-                    cert: s.cert.clone(),
-                    key: s.key.clone(),
-                })
-                .collect(),
-            policy: lc.tls.clone(),
-            default_alpn: match lc.protocol {
-                // PostgreSQL's own server refuses direct TLS without this ALPN, so a TLS
-                // connection made for another protocol cannot be talked into speaking to it.
-                ClientProtocol::Postgres => &[crate::postgres::ALPN],
-                ClientProtocol::Tls => lc.mode.default_alpn(),
-            },
-            fallback: config.qat.fallback,
-        },
+        tls: tls_plan(config, lc),
     })
+}
+
+/// What a listener handshakes with: the provider it asks for, its certificates and policy,
+/// the ALPN its protocol needs.
+fn tls_plan(config: &Config, lc: &crate::config::ListenerConfig) -> TlsPlan {
+    TlsPlan {
+        provider: asked_provider(config, lc),
+        cert: lc.cert.clone(),
+        key: lc.key.clone(),
+        sni: lc
+            .sni
+            .iter()
+            .map(|s| SniPlan {
+                names: s
+                    .server_names
+                    .iter()
+                    .map(|n| n.to_ascii_lowercase())
+                    .collect(),
+                cert: s.cert.clone(),
+                key: s.key.clone(),
+            })
+            .collect(),
+        policy: lc.tls.clone(),
+        default_alpn: match lc.protocol {
+            // PostgreSQL's own server refuses direct TLS without this ALPN, so a TLS
+            // connection made for another protocol cannot be talked into speaking to it.
+            ClientProtocol::Postgres => &[crate::postgres::ALPN],
+            ClientProtocol::Tls => lc.mode.default_alpn(),
+        },
+        fallback: config.qat.fallback,
+    }
+}
+
+/// A listener's mode with the settings that mean something only there.
+fn mode_plan(lc: &crate::config::ListenerConfig) -> ModePlan {
+    match lc.mode {
+        ListenerMode::Http => ModePlan::Http(HttpPlan {
+            upstream_protocol: lc.upstream_protocol,
+            upstream_idle_timeout: lc.upstream_idle_timeout,
+            security_headers: lc.security_headers,
+            error_body: lc.error_body,
+            rate_limits: lc.rate_limit.clone(),
+            method_metrics: lc.method_metrics.clone(),
+        }),
+        ListenerMode::Tcp => ModePlan::Tcp(lc.protocol),
+    }
 }
 
 #[cfg(test)]

@@ -5,7 +5,9 @@
 //! - TLS: `tls` (versions, suites, groups, resumption, mTLS), `sni`, `matrix` (provider x
 //!   algorithm x TLS version, one test per cell), `qat` (openssl-qat's set-up and refusals),
 //!   `qat_engine` (against Intel's QAT_Engine in qat_sw mode; `--ignored`, needs the
-//!   provider: `QAT_PROVIDER_DIR=... cargo test -p e2e --test proxy qat_engine -- --ignored`);
+//!   provider: `QAT_PROVIDER_DIR=... cargo test -p e2e --test proxy qat_engine -- --ignored`),
+//!   `qat_engine_settings` (the provider's own settings, and one that loads but does not
+//!   offload);
 //! - connections: `deadlines` (first request, idle, stall, clients that read nothing),
 //!   `idle_http1` (HTTP/1.1 connections parked between requests), `rapid_reset`,
 //!   `hostile_framing` (HTTP/2 floods, HTTP/1.1 smuggling), `headers` (forwarded headers,
@@ -43,6 +45,7 @@ mod otel;
 mod proxy_protocol;
 mod qat;
 mod qat_engine;
+mod qat_engine_settings;
 mod rapid_reset;
 mod rate_limits;
 mod reload;

@@ -28,11 +28,16 @@ use crate::result::{CellProvider, OnOff, TlsVersion};
 use crate::run::{self, RunArgs};
 use crate::terminator_flags::{TerminatorFlags, DEFAULT_CLIENT_CONGESTION_CONTROL};
 
+mod local;
 mod plan;
 mod qat;
+mod remote;
+
+use local::{cell_path_stem, run_local_cell};
 use plan::cell_run_args;
 pub use plan::{cells, ComparePlan, Mode};
 use qat::{find_qat_provider, QAT_INSTALL_DIRS};
+use remote::run_remote_cell;
 
 use crate::budget::{BudgetChoice, Cgroups, Prepared};
 
@@ -338,43 +343,12 @@ const LOCAL_CELL_CONGESTION_CONTROL: &str = DEFAULT_CLIENT_CONGESTION_CONTROL;
 pub async fn execute(flags: &CompareArgs, stop: CancellationToken) -> Result<Vec<CellFailure>> {
     let plan = ComparePlan::new(flags)?;
     let args = &plan.args;
-    if let Some(dir) = &args.qat_module_path {
-        eprintln!("QAT provider: {} (openssl-qat cells)", dir.display());
-    } else if args.providers().contains(&ProviderName::OpensslQat) {
-        eprintln!(
-            "no QAT provider found (--qat-module-path, QAT_PROVIDER_DIR, OPENSSL_MODULES, {}): \
-             openssl-qat cells will say why they could not run",
-            QAT_INSTALL_DIRS.join(", ")
-        );
-    }
-    if let Mode::Local {
-        budget: Some(cores),
-        ..
-    } = plan.mode
-    {
-        eprintln!("proxy CPU budget: {cores} cores (--proxy-cpu-budget)");
-    }
-
+    announce(&plan);
     let cells_dir = args.out.join("cells");
     std::fs::create_dir_all(&cells_dir)
         .with_context(|| format!("creating {}", args.out.display()))?;
     if !args.resume {
-        // A new comparison starts clean: cells left from an earlier run with other settings
-        // would otherwise be rendered into this report.
-        let stale: Vec<PathBuf> = std::fs::read_dir(&cells_dir)?
-            .filter_map(|e| e.ok().map(|e| e.path()))
-            .filter(|p| p.extension().is_some_and(|e| e == "json"))
-            .collect();
-        if !stale.is_empty() {
-            eprintln!(
-                "removing {} cell results of an earlier run from {} (--resume keeps them)",
-                stale.len(),
-                cells_dir.display()
-            );
-        }
-        for p in stale {
-            std::fs::remove_file(&p).with_context(|| format!("removing {}", p.display()))?;
-        }
+        remove_earlier_cells(&cells_dir)?;
     }
     let work = args.out.join("work");
     std::fs::create_dir_all(&work)?;
@@ -459,19 +433,8 @@ pub async fn execute(flags: &CompareArgs, stop: CancellationToken) -> Result<Vec
             }
         }
     }
-    if let Some(Upstream { managed, data, .. }) = upstream {
-        if let Some(m) = managed {
-            procs::stop(m)?;
-        }
-        if let Some(data) = data.filter(|_| !args.keep_upstream_data) {
-            let bytes = dir_bytes(&data);
-            std::fs::remove_dir_all(&data)
-                .with_context(|| format!("removing the upstream's data {}", data.display()))?;
-            eprintln!(
-                "removed the upstream's data ({:.0} MB; --keep-upstream-data keeps it)",
-                bytes as f64 / 1e6
-            );
-        }
+    if let Some(upstream) = upstream {
+        stop_upstream(upstream, args.keep_upstream_data)?;
     }
     let _ = std::fs::write(
         args.out.join("compare-args.json"),
@@ -479,6 +442,67 @@ pub async fn execute(flags: &CompareArgs, stop: CancellationToken) -> Result<Vec
     );
     eprintln!("matrix done in {:.0} s", started.elapsed().as_secs_f64());
     Ok(failures)
+}
+
+/// What the comparison runs with, said before the first cell: the QAT provider found (or
+/// why none was), the proxy's CPU budget.
+fn announce(plan: &ComparePlan) {
+    let args = &plan.args;
+    if let Some(dir) = &args.qat_module_path {
+        eprintln!("QAT provider: {} (openssl-qat cells)", dir.display());
+    } else if args.providers().contains(&ProviderName::OpensslQat) {
+        eprintln!(
+            "no QAT provider found (--qat-module-path, QAT_PROVIDER_DIR, OPENSSL_MODULES, {}): \
+             openssl-qat cells will say why they could not run",
+            QAT_INSTALL_DIRS.join(", ")
+        );
+    }
+    if let Mode::Local {
+        budget: Some(cores),
+        ..
+    } = plan.mode
+    {
+        eprintln!("proxy CPU budget: {cores} cores (--proxy-cpu-budget)");
+    }
+}
+
+/// Removes the cell results an earlier run left in `cells_dir`.
+fn remove_earlier_cells(cells_dir: &Path) -> Result<()> {
+    // A new comparison starts clean: cells left from an earlier run with other settings
+    // would otherwise be rendered into this report.
+    let stale: Vec<PathBuf> = std::fs::read_dir(cells_dir)?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|e| e == "json"))
+        .collect();
+    if !stale.is_empty() {
+        eprintln!(
+            "removing {} cell results of an earlier run from {} (--resume keeps them)",
+            stale.len(),
+            cells_dir.display()
+        );
+    }
+    for p in stale {
+        std::fs::remove_file(&p).with_context(|| format!("removing {}", p.display()))?;
+    }
+    Ok(())
+}
+
+/// Stops the upstream the comparison started and removes its data unless kept.
+fn stop_upstream(upstream: Upstream, keep_data: bool) -> Result<()> {
+    let Upstream { managed, data, .. } = upstream;
+    if let Some(m) = managed {
+        procs::stop(m)?;
+    }
+    if let Some(data) = data.filter(|_| !keep_data) {
+        let bytes = dir_bytes(&data);
+        std::fs::remove_dir_all(&data)
+            .with_context(|| format!("removing the upstream's data {}", data.display()))?;
+        eprintln!(
+            "removed the upstream's data ({:.0} MB; --keep-upstream-data keeps it)",
+            bytes as f64 / 1e6
+        );
+    }
+    Ok(())
 }
 
 /// One measured cell; the error is the cell's failure reason.
@@ -511,213 +535,6 @@ async fn measure(run_args: RunArgs, stop: CancellationToken) -> Result<String> {
             .unwrap_or_else(|| "n/a".into()),
         result.requests_failed
     ))
-}
-
-#[allow(clippy::too_many_arguments)]
-async fn run_local_cell(
-    args: &CompareArgs,
-    budget: Option<f64>,
-    base: &RunArgs,
-    cell: &Cell,
-    ca: &Path,
-    cert_dir: &Path,
-    upstream: &str,
-    upstream_pid: Option<u32>,
-    work: &Path,
-    out: &Path,
-    stop: CancellationToken,
-) -> Result<String> {
-    let bin = args.terminators.proxy_bin();
-    let loopback_port_0: SocketAddr = ([127, 0, 0, 1], 0).into();
-    let mut config = Config::empty();
-    config.provider = match &cell.provider {
-        CellProvider::Proxy(p) => *p,
-        CellProvider::Peer(name) => bail!("{name} is not a provider of the proxy"),
-    };
-    if let Some(n) = args.proxy_worker_threads {
-        config.worker_threads = n;
-    }
-    config.admin.listen = loopback_port_0.to_string();
-    let mut listener = ListenerConfig::new(
-        loopback_port_0.to_string(),
-        cert_dir.join(format!("{}.crt", cell.algorithm)),
-        cert_dir.join(format!("{}.key", cell.algorithm)),
-        vec![upstream.to_owned()],
-    );
-    // The name the proxy gives an unnamed first listener, as when compare started it with
-    // flags: results record the listener labels of its /metrics.
-    listener.name = Some("listener0".to_owned());
-    listener.upstream_protocol = match args.protocol {
-        Protocol::Grpc => UpstreamProtocol::H2c,
-        Protocol::Rest => UpstreamProtocol::Http1,
-    };
-    listener.tls.min_version = args.tls_version;
-    listener.tls.max_version = args.tls_version;
-    listener.tls.kx_groups = Some(args.kx.clone());
-    listener.tls.resumption = args.resumption == OnOff::On;
-    config.listeners.push(listener);
-    let cmd = procs::proxy_command(
-        &config,
-        &bin,
-        work,
-        "proxy",
-        &args.proxy_args_for(config.provider),
-    )?;
-    let cpus = args.proxy_cpus.as_ref().map(|l| l.cpus.as_slice());
-    // The budget's group (or scope) is the cell's own: made before the proxy starts, removed
-    // once it has exited.
-    let budget = match budget {
-        Some(cores) => {
-            let name = format!(
-                "vtp-loadgen-{}-{}",
-                std::process::id(),
-                cell_path_stem(cell)
-            );
-            Some((Prepared::new(&Cgroups::default(), cores, &name)?, cores))
-        }
-        None => None,
-    };
-    let cmd = match &budget {
-        Some((prepared, _)) => prepared.command(cmd),
-        None => cmd,
-    };
-    let started = tokio::task::block_in_place(|| procs::start(cmd, "proxy", work, cpus));
-    let proxy = match started {
-        Ok(p) => p,
-        Err(e) => {
-            if let Some((prepared, _)) = budget {
-                prepared.remove();
-            }
-            return Err(e.context("the proxy would not start"));
-        }
-    };
-    let result = budgeted_cell(base, cell, ca, upstream_pid, out, stop, &proxy, &budget).await;
-    let stopped = tokio::task::block_in_place(|| procs::stop(proxy));
-    if let Some((prepared, _)) = budget {
-        tokio::task::block_in_place(|| prepared.remove());
-    }
-    let summary = result?;
-    stopped?;
-    Ok(summary)
-}
-
-/// A started local proxy's cell: its budget attached and read back, then measured.
-#[allow(clippy::too_many_arguments)]
-async fn budgeted_cell(
-    base: &RunArgs,
-    cell: &Cell,
-    ca: &Path,
-    upstream_pid: Option<u32>,
-    out: &Path,
-    stop: CancellationToken,
-    proxy: &Launched,
-    budget: &Option<(Prepared, f64)>,
-) -> Result<String> {
-    if let Some((prepared, cores)) = budget {
-        let quota = prepared
-            .attach(&Cgroups::default(), proxy.pid(), *cores)
-            .context("the proxy's CPU budget")?;
-        tracing::info!(
-            "proxy budget: {:.2} cores ({}, {} of {} us, {})",
-            quota.cores,
-            quota.mechanism,
-            quota.quota_us,
-            quota.period_us,
-            quota.file.display()
-        );
-    }
-    let ready = proxy.proxy_ready()?;
-    let (Some(listen), Some(admin)) = (ready.first_listener(), ready.admin) else {
-        bail!("the proxy's ready file names no listener or no admin address");
-    };
-    wait_ready(&format!("http://{admin}/readyz")).await?;
-    let mut run = cell_run_args(base, cell, &format!("localhost:{}", listen.port()), ca, out);
-    if run.congestion_control.is_none() {
-        // The proxy runs on this machine: a pacing client's timer (BBR) would run under the
-        // proxy's reads and be counted as the proxy's CPU (`--congestion-control host` keeps
-        // the host's default; the cell's result records which).
-        run.congestion_control = Some(LOCAL_CELL_CONGESTION_CONTROL.to_owned());
-    }
-    run.proxy_metrics = Some(format!("http://{admin}/metrics"));
-    run.watch_pid.push(format!("proxy={}", proxy.pid()));
-    if let Some(pid) = upstream_pid {
-        run.watch_pid.push(format!("upstream={pid}"));
-    }
-    measure(run, stop).await
-}
-
-/// A cell's name in file names: `provider__algorithm__rN`.
-fn cell_path_stem(cell: &Cell) -> String {
-    format!("{}__{}__r{}", cell.provider, cell.algorithm, cell.repeat)
-}
-
-/// One cell against a remote proxy: its provider and certificate switched, then measured.
-async fn run_remote_cell(
-    mode: &Mode,
-    base: &RunArgs,
-    cell: &Cell,
-    cert_dir: &Path,
-    out: &Path,
-    stop: CancellationToken,
-) -> Result<String> {
-    let Mode::Remote {
-        admin,
-        token,
-        target,
-        ca,
-        ..
-    } = mode
-    else {
-        bail!("a remote cell needs remote mode");
-    };
-    let body = serde_json::json!({
-        "provider": cell.provider,
-        "cert": cert_dir.join(format!("{}.crt", cell.algorithm)),
-        "key": cert_dir.join(format!("{}.key", cell.algorithm)),
-    });
-    let resp = send(
-        http::Method::POST,
-        &format!("{admin}/admin/tls"),
-        Some(bytes::Bytes::from(body.to_string())),
-        &Options {
-            headers: vec![("authorization".into(), format!("Bearer {token}"))],
-            timeout: Some(Duration::from_secs(30)),
-            tls: if admin.starts_with("https://") {
-                Some(crate::client::http::trust_config(Some(ca), false)?)
-            } else {
-                None
-            },
-            ..Default::default()
-        },
-    )
-    .await?;
-    if resp.status != 200 {
-        bail!(
-            "switching the proxy to {} {}: HTTP {}: {}",
-            cell.provider,
-            cell.algorithm,
-            resp.status,
-            resp.text()
-        );
-    }
-    let mut run = cell_run_args(base, cell, target, ca, out);
-    run.proxy_metrics = Some(format!("{admin}/metrics"));
-    measure(run, stop).await
-}
-
-async fn wait_ready(url: &str) -> Result<()> {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        if let Ok(r) = send(http::Method::GET, url, None, &Options::default()).await {
-            if r.status == 200 {
-                return Ok(());
-            }
-        }
-        if Instant::now() > deadline {
-            bail!("{url} did not answer 200 within 30 s");
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
 }
 
 #[cfg(test)]

@@ -154,6 +154,25 @@ struct WorkerTally {
 }
 
 impl WorkerTally {
+    /// A request that failed: counted by kind with its first message, or as warm-up.
+    fn failed(
+        &mut self,
+        shared: &Shared,
+        failure: crate::client::Failure,
+        done: Instant,
+        measured: bool,
+    ) {
+        shared.live_failed.fetch_add(1, Ordering::Relaxed);
+        if !measured {
+            self.warmup_failed += 1;
+            return;
+        }
+        *self.failures.entry(failure.kind.clone()).or_default() += 1;
+        self.examples.entry(failure.kind).or_insert(failure.message);
+        self.last_done = Some(done);
+        self.count_second(shared.measure_start, done, false);
+    }
+
     /// Counts a measured request that ended at `done` in its second.
     fn count_second(&mut self, measure_start: Instant, done: Instant, ok: bool) {
         let second = done.saturating_duration_since(measure_start).as_secs() as usize;
@@ -355,12 +374,7 @@ async fn worker(
                     lag.record(Instant::now().saturating_duration_since(due).as_micros() as u64);
             }
         }
-        let fresh_needed = match shared.config.policy {
-            ConnectionPolicy::New => true,
-            ConnectionPolicy::Reuse => false,
-            ConnectionPolicy::PerN(n) => used_on_conn >= n,
-        } || conn.as_ref().is_none_or(Conn::is_closed);
-        if fresh_needed {
+        if needs_fresh(shared.config.policy, used_on_conn, conn.as_ref()) {
             conn = None;
         }
         let body_len = shared.workload.body_len(seq) as u64;
@@ -443,23 +457,21 @@ async fn worker(
             Err(failure) => {
                 // A failed exchange leaves the connection in an unknown state.
                 conn = None;
-                if measured {
-                    *tally.failures.entry(failure.kind.clone()).or_default() += 1;
-                    tally
-                        .examples
-                        .entry(failure.kind)
-                        .or_insert(failure.message);
-                    tally.last_done = Some(done);
-                    tally.count_second(shared.measure_start, done, false);
-                    shared.live_failed.fetch_add(1, Ordering::Relaxed);
-                } else {
-                    tally.warmup_failed += 1;
-                    shared.live_failed.fetch_add(1, Ordering::Relaxed);
-                }
+                tally.failed(&shared, failure, done, measured);
             }
         }
     }
     (tally, latency, handshake, lag)
+}
+
+/// Whether the next request needs a new connection: the policy's, or the one held closed.
+fn needs_fresh(policy: ConnectionPolicy, used_on_conn: u64, conn: Option<&Conn>) -> bool {
+    let by_policy = match policy {
+        ConnectionPolicy::New => true,
+        ConnectionPolicy::Reuse => false,
+        ConnectionPolicy::PerN(n) => used_on_conn >= n,
+    };
+    by_policy || conn.is_none_or(Conn::is_closed)
 }
 
 async fn progress_loop(shared: Arc<Shared>) {

@@ -260,44 +260,7 @@ impl Running {
         if let Some(s) = self.sampler.take() {
             let _ = s.await;
         }
-        let power = {
-            let p = self.power.lock().ok();
-            match (&self.config.power, p) {
-                (PowerSource::None(reason), _) => Measured::missing(reason.clone()),
-                (_, None) => Measured::missing("power sampler failed"),
-                (_, Some(p)) => {
-                    if let Some(e) = &p.error {
-                        Measured::missing(e.clone())
-                    } else if let Some(r) = &p.rapl {
-                        Measured::ok(PowerRecord {
-                            source: "rapl".to_owned(),
-                            joules: r.joules(),
-                            mean_watts: r.joules() / elapsed,
-                            samples: 0,
-                            detail: format!(
-                                "domains {}; counter wraps {}",
-                                r.domain_names().join(","),
-                                r.wraps()
-                            ),
-                        })
-                    } else if let (PowerSource::Meter(m), false) =
-                        (&self.config.power, p.metered_watts.is_empty())
-                    {
-                        let mean =
-                            p.metered_watts.iter().sum::<f64>() / p.metered_watts.len() as f64;
-                        Measured::ok(PowerRecord {
-                            source: m.source().to_owned(),
-                            joules: mean * elapsed,
-                            mean_watts: mean,
-                            samples: p.metered_watts.len() as u64,
-                            detail: p.meter_detail.clone(),
-                        })
-                    } else {
-                        Measured::missing("no power sample was taken")
-                    }
-                }
-            }
-        };
+        let power = self.power_measured(elapsed);
 
         let target_host = match &self.config.target_host {
             Some((server, instance)) => Measured::from(
@@ -310,28 +273,7 @@ impl Running {
         let (proxy, listeners) = match (&self.config.proxy_metrics, self.proxy_before.take()) {
             (Some((url, opts)), Some(Ok(before))) => match proxy_metrics::scrape(url, opts).await {
                 Ok(after) => {
-                    let handshakes = after.handshakes_ok - before.handshakes_ok;
-                    let cpu = since(before.cpu_seconds, after.cpu_seconds)
-                        .filter(|_| before.cpu_seconds.is_some());
-                    let delta = ProxyMetricsDelta {
-                        handshakes,
-                        resumed_handshakes: after.handshakes_resumed - before.handshakes_resumed,
-                        handshake_failures: after.handshake_failures - before.handshake_failures,
-                        requests: after.requests - before.requests,
-                        cpu_seconds: cpu,
-                        cpu_seconds_per_request: cpu.and_then(per_request),
-                        cpu_seconds_per_handshake: cpu
-                            .filter(|_| handshakes > 0.0)
-                            .map(|c| c / handshakes),
-                        qat_signatures_offloaded: since(before.qat_offloaded, after.qat_offloaded),
-                        qat_signatures_not_offloaded: since(
-                            before.qat_not_offloaded,
-                            after.qat_not_offloaded,
-                        ),
-                        qat_part_batches: since(before.qat_part_batches, after.qat_part_batches),
-                        qat_mode: after.qat_mode.as_ref().map(|(m, _)| m.clone()),
-                        qat_batch: after.qat_mode.as_ref().map(|(_, b)| *b),
-                    };
+                    let delta = proxy_delta(&before, &after, requests);
                     (Measured::ok(delta), after.listeners)
                 }
                 Err(e) => (
@@ -360,6 +302,71 @@ impl Running {
             proxy_listeners: listeners,
             warnings,
         }
+    }
+
+    /// The energy over the run from the source the run was given (RAPL, a meter), or why
+    /// there is none. Called once the sampler has stopped.
+    fn power_measured(&self, elapsed: f64) -> Measured<PowerRecord> {
+        let p = self.power.lock().ok();
+        match (&self.config.power, p) {
+            (PowerSource::None(reason), _) => Measured::missing(reason.clone()),
+            (_, None) => Measured::missing("power sampler failed"),
+            (_, Some(p)) => {
+                if let Some(e) = &p.error {
+                    Measured::missing(e.clone())
+                } else if let Some(r) = &p.rapl {
+                    Measured::ok(PowerRecord {
+                        source: "rapl".to_owned(),
+                        joules: r.joules(),
+                        mean_watts: r.joules() / elapsed,
+                        samples: 0,
+                        detail: format!(
+                            "domains {}; counter wraps {}",
+                            r.domain_names().join(","),
+                            r.wraps()
+                        ),
+                    })
+                } else if let (PowerSource::Meter(m), false) =
+                    (&self.config.power, p.metered_watts.is_empty())
+                {
+                    let mean = p.metered_watts.iter().sum::<f64>() / p.metered_watts.len() as f64;
+                    Measured::ok(PowerRecord {
+                        source: m.source().to_owned(),
+                        joules: mean * elapsed,
+                        mean_watts: mean,
+                        samples: p.metered_watts.len() as u64,
+                        detail: p.meter_detail.clone(),
+                    })
+                } else {
+                    Measured::missing("no power sample was taken")
+                }
+            }
+        }
+    }
+}
+
+/// What the proxy's own metrics say of the run: the difference of two scrapes.
+fn proxy_delta(
+    before: &proxy_metrics::Snapshot,
+    after: &proxy_metrics::Snapshot,
+    requests: u64,
+) -> ProxyMetricsDelta {
+    let per_request = |secs: f64| (requests > 0).then(|| secs / requests as f64);
+    let handshakes = after.handshakes_ok - before.handshakes_ok;
+    let cpu = since(before.cpu_seconds, after.cpu_seconds).filter(|_| before.cpu_seconds.is_some());
+    ProxyMetricsDelta {
+        handshakes,
+        resumed_handshakes: after.handshakes_resumed - before.handshakes_resumed,
+        handshake_failures: after.handshake_failures - before.handshake_failures,
+        requests: after.requests - before.requests,
+        cpu_seconds: cpu,
+        cpu_seconds_per_request: cpu.and_then(per_request),
+        cpu_seconds_per_handshake: cpu.filter(|_| handshakes > 0.0).map(|c| c / handshakes),
+        qat_signatures_offloaded: since(before.qat_offloaded, after.qat_offloaded),
+        qat_signatures_not_offloaded: since(before.qat_not_offloaded, after.qat_not_offloaded),
+        qat_part_batches: since(before.qat_part_batches, after.qat_part_batches),
+        qat_mode: after.qat_mode.as_ref().map(|(m, _)| m.clone()),
+        qat_batch: after.qat_mode.as_ref().map(|(_, b)| *b),
     }
 }
 

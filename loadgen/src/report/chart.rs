@@ -66,32 +66,7 @@ fn draw(
     let caption = format!("{} ({})", m.title, m.unit);
     if top <= 0.0 {
         let reason = first_reason(r, m).unwrap_or_else(|| "no data".to_owned());
-        root.draw(&Text::new(
-            caption,
-            (20, 20),
-            ("sans-serif", 20).into_font(),
-        ))?;
-        // SVG text does not wrap; break the reason into lines that fit the width.
-        let mut lines: Vec<String> = vec![String::from("n/a:")];
-        for word in reason.split_whitespace() {
-            let last = lines.last_mut().expect("one line at least");
-            if last.len() + word.len() + 1 > 88 {
-                lines.push(word.to_owned());
-            } else {
-                last.push(' ');
-                last.push_str(word);
-            }
-        }
-        for (k, line) in lines.iter().enumerate() {
-            root.draw(&Text::new(
-                line.clone(),
-                (20, (HEIGHT / 2) as i32 - 20 + 20 * k as i32),
-                ("sans-serif", 15)
-                    .into_font()
-                    .color(&RGBColor(0x80, 0x20, 0x20)),
-            ))?;
-        }
-        return Ok(());
+        return draw_not_available(root, caption, &reason);
     }
     // Room above the tallest bar for the legend, one line per provider.
     let headroom = 1.15 + 0.075 * bars as f64;
@@ -175,6 +150,40 @@ fn draw(
         .background_style(WHITE.mix(0.85))
         .border_style(BLACK)
         .draw()?;
+    Ok(())
+}
+
+/// A chart with no figure to draw: its caption and why, wrapped to the width.
+fn draw_not_available(
+    root: &DrawingArea<SVGBackend<'_>, plotters::coord::Shift>,
+    caption: String,
+    reason: &str,
+) -> Result<(), Box<dyn std::error::Error>> {
+    root.draw(&Text::new(
+        caption,
+        (20, 20),
+        ("sans-serif", 20).into_font(),
+    ))?;
+    // SVG text does not wrap; break the reason into lines that fit the width.
+    let mut lines: Vec<String> = vec![String::from("n/a:")];
+    for word in reason.split_whitespace() {
+        let last = lines.last_mut().expect("one line at least");
+        if last.len() + word.len() + 1 > 88 {
+            lines.push(word.to_owned());
+        } else {
+            last.push(' ');
+            last.push_str(word);
+        }
+    }
+    for (k, line) in lines.iter().enumerate() {
+        root.draw(&Text::new(
+            line.clone(),
+            (20, (HEIGHT / 2) as i32 - 20 + 20 * k as i32),
+            ("sans-serif", 15)
+                .into_font()
+                .color(&RGBColor(0x80, 0x20, 0x20)),
+        ))?;
+    }
     Ok(())
 }
 

@@ -70,74 +70,7 @@ pub fn render(r: &Report) -> String {
         "<h2>Tables</h2><p>Each cell: median (min-max over rounds) and the ratio against the best software provider for that algorithm; above 1.00x is better.</p>"
     );
     for a in &r.algorithms {
-        let _ = writeln!(s, "<h3>{}</h3>", esc(a));
-        if let Some((_, lines)) = r.verdicts.iter().find(|(alg, _)| alg == a) {
-            let _ = writeln!(s, "<ul class=\"verdict\">");
-            for l in lines {
-                let _ = writeln!(s, "<li><b>{}</b></li>", esc(l));
-            }
-            let _ = writeln!(s, "</ul>");
-        }
-        let _ = writeln!(s, "<table><tr><th>provider</th>");
-        for m in r.metrics() {
-            let _ = write!(
-                s,
-                "<th>{}<br><small>{}</small></th>",
-                esc(m.title),
-                esc(m.unit)
-            );
-        }
-        let _ = writeln!(s, "</tr>");
-        for p in &r.providers {
-            let _ = write!(s, "<tr><td>{}</td>", esc(p.as_str()));
-            for m in r.metrics() {
-                match r.figure(p, a, m.key) {
-                    Some(f @ Figure::Value { .. }) => {
-                        let ratio = r.ratio(p, a, m);
-                        let class = match ratio {
-                            Some(x) if x > 1.005 => "good",
-                            Some(x) if x < 0.995 => "bad",
-                            _ => "",
-                        };
-                        let _ = write!(
-                            s,
-                            "<td>{}{}</td>",
-                            esc(&format_value(f)),
-                            ratio
-                                .map(|x| format!("<br><span class=\"{class}\">{x:.2}x</span>"))
-                                .unwrap_or_default()
-                        );
-                    }
-                    Some(Figure::Missing(reason)) => {
-                        let _ = write!(s, "<td class=\"na\" title=\"{}\">n/a</td>", esc(reason));
-                    }
-                    None => {
-                        let _ = write!(s, "<td class=\"na\">failed</td>");
-                    }
-                }
-            }
-            let _ = writeln!(s, "</tr>");
-        }
-        let _ = writeln!(s, "</table>");
-        let bounded: Vec<String> = r
-            .providers
-            .iter()
-            .filter_map(|p| {
-                let b = r.bounds.get(&(p.clone(), a.clone()))?;
-                Some(format!(
-                    "<li>{}: bounded by {}</li>",
-                    esc(p.as_str()),
-                    esc(b)
-                ))
-            })
-            .collect();
-        if !bounded.is_empty() {
-            let _ = writeln!(
-                s,
-                "<p>What bounded each cell (first round):</p><ul>{}</ul>",
-                bounded.concat()
-            );
-        }
+        algorithm_section(&mut s, r, a);
     }
     if !r.failures.is_empty() {
         let _ = writeln!(s, "<h2>Failed cells</h2><ul>");
@@ -155,4 +88,77 @@ pub fn render(r: &Report) -> String {
     }
     let _ = writeln!(s, "</body></html>");
     s
+}
+
+/// One algorithm's verdicts, its table of every provider and metric, and what bounded each
+/// cell.
+fn algorithm_section(s: &mut String, r: &Report, a: &str) {
+    let _ = writeln!(s, "<h3>{}</h3>", esc(a));
+    if let Some((_, lines)) = r.verdicts.iter().find(|(alg, _)| alg == a) {
+        let _ = writeln!(s, "<ul class=\"verdict\">");
+        for l in lines {
+            let _ = writeln!(s, "<li><b>{}</b></li>", esc(l));
+        }
+        let _ = writeln!(s, "</ul>");
+    }
+    let _ = writeln!(s, "<table><tr><th>provider</th>");
+    for m in r.metrics() {
+        let _ = write!(
+            s,
+            "<th>{}<br><small>{}</small></th>",
+            esc(m.title),
+            esc(m.unit)
+        );
+    }
+    let _ = writeln!(s, "</tr>");
+    for p in &r.providers {
+        let _ = write!(s, "<tr><td>{}</td>", esc(p.as_str()));
+        for m in r.metrics() {
+            match r.figure(p, a, m.key) {
+                Some(f @ Figure::Value { .. }) => {
+                    let ratio = r.ratio(p, a, m);
+                    let class = match ratio {
+                        Some(x) if x > 1.005 => "good",
+                        Some(x) if x < 0.995 => "bad",
+                        _ => "",
+                    };
+                    let _ = write!(
+                        s,
+                        "<td>{}{}</td>",
+                        esc(&format_value(f)),
+                        ratio
+                            .map(|x| format!("<br><span class=\"{class}\">{x:.2}x</span>"))
+                            .unwrap_or_default()
+                    );
+                }
+                Some(Figure::Missing(reason)) => {
+                    let _ = write!(s, "<td class=\"na\" title=\"{}\">n/a</td>", esc(reason));
+                }
+                None => {
+                    let _ = write!(s, "<td class=\"na\">failed</td>");
+                }
+            }
+        }
+        let _ = writeln!(s, "</tr>");
+    }
+    let _ = writeln!(s, "</table>");
+    let bounded: Vec<String> = r
+        .providers
+        .iter()
+        .filter_map(|p| {
+            let b = r.bounds.get(&(p.clone(), a.to_owned()))?;
+            Some(format!(
+                "<li>{}: bounded by {}</li>",
+                esc(p.as_str()),
+                esc(b)
+            ))
+        })
+        .collect();
+    if !bounded.is_empty() {
+        let _ = writeln!(
+            s,
+            "<p>What bounded each cell (first round):</p><ul>{}</ul>",
+            bounded.concat()
+        );
+    }
 }

@@ -99,32 +99,37 @@ pub fn render(r: &Report) -> String {
         let _ = writeln!(s);
     }
     if !missing.is_empty() {
-        // One line per distinct reason keeps the list short when, say, no power meter exists.
-        let _ = writeln!(s, "## Not measured\n");
-        let mut by_reason: Vec<(String, Vec<String>)> = Vec::new();
-        for m in missing {
-            let (what, reason) = m
-                .split_once(": ")
-                .map(|(a, b)| (a.to_owned(), b.to_owned()))
-                .unwrap_or((m.clone(), String::new()));
-            match by_reason.iter_mut().find(|(r, _)| *r == reason) {
-                Some((_, list)) => list.push(what),
-                None => by_reason.push((reason, vec![what])),
-            }
-        }
-        for (reason, whats) in by_reason {
-            let figures: Vec<&str> = whats
-                .iter()
-                .map(|w| w.split(" (").next().unwrap_or(w))
-                .collect();
-            let mut uniq: Vec<&str> = Vec::new();
-            for f in figures {
-                if !uniq.contains(&f) {
-                    uniq.push(f);
-                }
-            }
-            let _ = writeln!(s, "- {}: n/a ({reason})", uniq.join(", "));
-        }
+        not_measured(&mut s, missing);
     }
     s
+}
+
+/// "Not measured": each figure that is n/a somewhere, grouped by why.
+fn not_measured(s: &mut String, missing: Vec<String>) {
+    // One line per distinct reason keeps the list short when, say, no power meter exists.
+    let _ = writeln!(s, "## Not measured\n");
+    let mut by_reason: Vec<(String, Vec<String>)> = Vec::new();
+    for m in missing {
+        let (what, reason) = m
+            .split_once(": ")
+            .map(|(a, b)| (a.to_owned(), b.to_owned()))
+            .unwrap_or((m.clone(), String::new()));
+        match by_reason.iter_mut().find(|(r, _)| *r == reason) {
+            Some((_, list)) => list.push(what),
+            None => by_reason.push((reason, vec![what])),
+        }
+    }
+    for (reason, whats) in by_reason {
+        let figures: Vec<&str> = whats
+            .iter()
+            .map(|w| w.split(" (").next().unwrap_or(w))
+            .collect();
+        let mut uniq: Vec<&str> = Vec::new();
+        for f in figures {
+            if !uniq.contains(&f) {
+                uniq.push(f);
+            }
+        }
+        let _ = writeln!(s, "- {}: n/a ({reason})", uniq.join(", "));
+    }
 }

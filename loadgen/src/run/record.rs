@@ -8,7 +8,7 @@ use serde::Serialize;
 
 use super::{Measurements, Prepared, RunArgs, RunPlan};
 use crate::client::qdrant::Admin;
-use crate::client::Connector;
+use crate::client::{Connector, Protocol};
 use crate::driver::Mode;
 use crate::probe;
 use crate::result::*;
@@ -22,42 +22,13 @@ pub(super) fn read_out(
     m: Measurements,
 ) -> Result<RunResult> {
     let (target, protocol, mode) = (&plan.target, plan.protocol, plan.driver.mode);
-    let (vectors, workload) = (&prepared.vectors, &prepared.workload);
     let proc_root = &plan.proc_root;
     let secs = m.outcome.elapsed.as_secs_f64();
     let rate = |n: f64| if secs > 0.0 { n / secs } else { 0.0 };
     let failed: u64 = m.outcome.failures.values().sum();
+    let run_warnings = run_warnings(args, mode, &m, failed);
     let mut warnings = m.finished.warnings;
-    let threads = args.worker_threads();
-    if m.finished.cpu.loadgen.percent_of_core > 80.0 * threads as f64 {
-        warnings.push(format!(
-            "loadgen used {:.0}% of a core with {threads} worker thread(s): the load generator, not the target, may be the bottleneck",
-            m.finished.cpu.loadgen.percent_of_core
-        ));
-    }
-    if let Some(lag) = m.outcome.schedule_lag_us.as_ref().filter(|h| !h.is_empty()) {
-        let p99_ms = lag.value_at_quantile(0.99) as f64 / 1000.0;
-        if let Mode::Open(r) = mode {
-            if p99_ms > 1000.0 / r + 10.0 {
-                warnings.push(format!(
-                    "the target could not keep up with {r} requests/s: p99 send lag {p99_ms:.1} ms behind the schedule (latencies include that queueing)"
-                ));
-            }
-        }
-    }
-    if failed > 0 {
-        warnings.push(format!("{failed} requests failed; see failures"));
-    }
-    if let Some(v) = m.verification.as_ref().filter(|v| !v.matches) {
-        warnings.push(format!(
-            "collection grew by {} points but {} were acknowledged",
-            v.count_after as i64 - v.count_before as i64,
-            v.points_acknowledged
-        ));
-    }
-    if m.outcome.interrupted {
-        warnings.push("interrupted: the figures cover the time until the stop".to_owned());
-    }
+    warnings.extend(run_warnings);
     let (cpu_model, cores, kernel) = probe::cpu::machine_facts(proc_root);
     let power_estimate = estimate_power(&m.finished.cpu, cores, secs);
     let result = RunResult {
@@ -82,18 +53,7 @@ pub(super) fn read_out(
                 proxy_listeners: m.finished.proxy_listeners,
             }
         },
-        workload: WorkloadRecord {
-            protocol: protocol.as_str().to_owned(),
-            collection: args.collection.clone(),
-            points_per_request: args.points_per_request,
-            dim: vectors.dim,
-            wait: args.wait,
-            vectors_source: vectors.source.clone(),
-            request_body_bytes: workload.body_bytes(),
-            request_body_bytes_min: workload.body_bytes_range().0,
-            request_body_bytes_max: workload.body_bytes_range().1,
-            json_decimals: args.json_decimals,
-        },
+        workload: workload_record(args, protocol, prepared),
         tls_verification: target.tls && !args.insecure,
         measured_seconds: secs,
         requests_ok: m.outcome.ok,
@@ -156,6 +116,60 @@ pub(super) fn read_out(
             .collect(),
     };
     Ok(result)
+}
+
+/// What the run itself warns of: loadgen at its own CPU limit, a target that fell behind an
+/// open loop's schedule, failures, a collection that did not grow as acknowledged, a stop.
+fn run_warnings(args: &RunArgs, mode: Mode, m: &Measurements, failed: u64) -> Vec<String> {
+    let mut warnings = Vec::new();
+    let threads = args.worker_threads();
+    if m.finished.cpu.loadgen.percent_of_core > 80.0 * threads as f64 {
+        warnings.push(format!(
+            "loadgen used {:.0}% of a core with {threads} worker thread(s): the load generator, not the target, may be the bottleneck",
+            m.finished.cpu.loadgen.percent_of_core
+        ));
+    }
+    if let Some(lag) = m.outcome.schedule_lag_us.as_ref().filter(|h| !h.is_empty()) {
+        let p99_ms = lag.value_at_quantile(0.99) as f64 / 1000.0;
+        if let Mode::Open(r) = mode {
+            if p99_ms > 1000.0 / r + 10.0 {
+                warnings.push(format!(
+                    "the target could not keep up with {r} requests/s: p99 send lag {p99_ms:.1} ms behind the schedule (latencies include that queueing)"
+                ));
+            }
+        }
+    }
+    if failed > 0 {
+        warnings.push(format!("{failed} requests failed; see failures"));
+    }
+    if let Some(v) = m.verification.as_ref().filter(|v| !v.matches) {
+        warnings.push(format!(
+            "collection grew by {} points but {} were acknowledged",
+            v.count_after as i64 - v.count_before as i64,
+            v.points_acknowledged
+        ));
+    }
+    if m.outcome.interrupted {
+        warnings.push("interrupted: the figures cover the time until the stop".to_owned());
+    }
+    warnings
+}
+
+/// The workload as the result records it.
+fn workload_record(args: &RunArgs, protocol: Protocol, prepared: &Prepared) -> WorkloadRecord {
+    let (vectors, workload) = (&prepared.vectors, &prepared.workload);
+    WorkloadRecord {
+        protocol: protocol.as_str().to_owned(),
+        collection: args.collection.clone(),
+        points_per_request: args.points_per_request,
+        dim: vectors.dim,
+        wait: args.wait,
+        vectors_source: vectors.source.clone(),
+        request_body_bytes: workload.body_bytes(),
+        request_body_bytes_min: workload.body_bytes_range().0,
+        request_body_bytes_max: workload.body_bytes_range().1,
+        json_decimals: args.json_decimals,
+    }
 }
 
 /// This host's power estimated from its measured utilisation ([`crate::power_estimate`]), where

@@ -406,7 +406,7 @@ impl HttpForwarder {
         let Admitted {
             parts,
             mut body,
-            mut slot,
+            slot,
             use_h2c,
             grpc,
             byte_charges,
@@ -469,19 +469,13 @@ impl HttpForwarder {
             .await;
             match result {
                 Ok(Ok(resp)) => {
+                    let took = sent.elapsed();
                     self.metrics
-                        .upstream_response(if use_h2c { "h2c" } else { "http1" }, sent.elapsed());
+                        .upstream_response(if use_h2c { "h2c" } else { "http1" }, took);
                     if let Some(span) = span.as_deref_mut() {
-                        span.upstream_answered(&lease.addr().authority, sent.elapsed());
+                        span.upstream_answered(&lease.addr().authority, took);
                     }
-                    self.pool.connected(&lease);
-                    slot.hold(lease);
-                    let (mut parts, body) = resp.into_parts();
-                    strip_hop_by_hop(&mut parts.headers);
-                    return Ok(Response::from_parts(
-                        parts,
-                        ResponseBody::upstream(body, slot),
-                    ));
+                    return Ok(self.answered(resp, lease, slot));
                 }
                 Ok(Err(e)) => {
                     let failure = if over_limit
@@ -505,20 +499,38 @@ impl HttpForwarder {
                     }
                     return Err(self.upstream_failed(&lease, failure, &e));
                 }
-                Err(_) => {
-                    self.metrics.upstream_error("timeout");
-                    lease.failed("timeout");
-                    crate::peer_warn!(listener = %self.metrics.name(), upstream = %lease.addr(), timeout = ?self.limits.upstream_response_timeout, "upstream did not answer in time");
-                    return Err(Refusal::new(
-                        Failure::UpstreamTimeout,
-                        format!(
-                            "the upstream did not answer within {:?}",
-                            self.limits.upstream_response_timeout
-                        ),
-                    ));
-                }
+                Err(_) => return Err(self.timed_out(&lease)),
             }
         }
+    }
+
+    /// The upstream's answer passed on: the node counted as reachable, the upstream slot
+    /// holding the lease until the response body ends.
+    fn answered(
+        &self,
+        resp: Response<Incoming>,
+        lease: NodeLease,
+        mut slot: UpstreamSlot,
+    ) -> Response<ResponseBody> {
+        self.pool.connected(&lease);
+        slot.hold(lease);
+        let (mut parts, body) = resp.into_parts();
+        strip_hop_by_hop(&mut parts.headers);
+        Response::from_parts(parts, ResponseBody::upstream(body, slot))
+    }
+
+    /// The refusal for an upstream that did not answer within `upstream_response_timeout`.
+    fn timed_out(&self, lease: &NodeLease) -> Refusal {
+        self.metrics.upstream_error("timeout");
+        lease.failed("timeout");
+        crate::peer_warn!(listener = %self.metrics.name(), upstream = %lease.addr(), timeout = ?self.limits.upstream_response_timeout, "upstream did not answer in time");
+        Refusal::new(
+            Failure::UpstreamTimeout,
+            format!(
+                "the upstream did not answer within {:?}",
+                self.limits.upstream_response_timeout
+            ),
+        )
     }
 
     /// The refusal for an attempt that failed for good: counted, and the details (address,

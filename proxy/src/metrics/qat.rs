@@ -47,21 +47,18 @@ impl QatMetrics {
         telemetry_root: PathBuf,
         enable_telemetry: bool,
     ) -> Self {
-        let offload_active = IntGauge::with_opts(Opts::new(
+        let r = super::Registrar(registry);
+        let offload_active = r.gauge(
             "proxy_qat_offload_active",
             "1 when openssl-qat listeners sign through the QAT provider, 0 when they fell back to software.",
-        ))
-        .expect("static metric definition");
+        );
         offload_active.set(i64::from(state.is_some()));
-        let provider_info = prometheus::IntGaugeVec::new(
-            Opts::new(
-                "proxy_qat_provider_info",
-                "1 for the active QAT provider: mode qat_sw (QAT_Engine's multi-buffer software on \
+        let provider_info = r.gauge_vec(
+            "proxy_qat_provider_info",
+            "1 for the active QAT provider: mode qat_sw (QAT_Engine's multi-buffer software on \
                  AVX-512 IFMA), qat_hw (a QuickAssist device) or unknown, and the batch it is fed.",
-            ),
             &["provider", "mode", "batch"],
-        )
-        .expect("static metric definition");
+        );
         if let Some(state) = &state {
             provider_info
                 .with_label_values(&[
@@ -71,75 +68,49 @@ impl QatMetrics {
                 ])
                 .set(1);
         }
-        let signatures = IntCounterVec::new(
-            Opts::new(
+        let signatures = r.counter_vec(
                 "proxy_qat_signatures_total",
                 "Handshake signatures of openssl-qat listeners, by outcome: offloaded (the QAT provider \
                  paused the asynchronous job: batched or sent to the device), inline (the QAT provider \
                  signed without pausing: not offloaded), software (OpenSSL's default provider: too few \
                  handshakes were under way to fill a batch, or a part batch could not fill in time), failed.",
-            ),
             &["outcome"],
-        )
-        .expect("static metric definition");
-        let exchanges = IntCounterVec::new(
-            Opts::new(
+        );
+        let exchanges = r.counter_vec(
                 "proxy_qat_x25519_keys_total",
                 "X25519 key pairs of openssl-qat handshakes, by outcome: offloaded (generated ahead \
                  in a QAT provider batch and taken from the stock), software (the stock was empty), \
                  failed (a provider batch that produced no key).",
-            ),
             &["outcome"],
-        )
-        .expect("static metric definition");
-        let retries = IntCounter::with_opts(Opts::new(
+        );
+        let retries = r.counter(
             "proxy_qat_signature_retries_total",
             "Times a signature was resumed because the QAT provider had no free request slot.",
-        ))
-        .expect("static metric definition");
-        let batches = IntCounter::with_opts(Opts::new(
+        );
+        let batches = r.counter(
             "proxy_qat_batches_total",
             "Batches of handshake signatures submitted to the QAT provider at once (qat.batch each, \
              one each with QAT hardware's batch of 1).",
-        ))
-        .expect("static metric definition");
-        let released = IntCounter::with_opts(Opts::new(
+        );
+        let released = r.counter(
             "proxy_qat_part_batches_released_total",
             "Part batches that could not fill within qat.batch_wait, or with the handshakes under \
              way, and were signed in software instead.",
-        ))
-        .expect("static metric definition");
-        let part_batches = IntCounter::with_opts(Opts::new(
+        );
+        let part_batches = r.counter(
             "proxy_qat_part_batches_submitted_total",
             "Part batches submitted to the QAT provider as they were, where signing the held \
              signatures in software would have cost more CPU than a whole batch (qat_sw computes \
              them when its poll timer fires).",
-        ))
-        .expect("static metric definition");
-        let in_flight = IntGauge::with_opts(Opts::new(
+        );
+        let in_flight = r.gauge(
             "proxy_qat_signatures_in_flight",
             "Signatures submitted to the asynchronous signer and not yet returned.",
-        ))
-        .expect("static metric definition");
-        let telemetry_available = IntGauge::with_opts(Opts::new(
+        );
+        let telemetry_available = r.gauge(
             "proxy_qat_telemetry_available",
             "1 when QAT device telemetry could be read at the last scrape.",
-        ))
-        .expect("static metric definition");
-        for m in [
-            Box::new(offload_active) as Box<dyn prometheus::core::Collector>,
-            Box::new(provider_info),
-            Box::new(signatures.clone()),
-            Box::new(exchanges.clone()),
-            Box::new(retries.clone()),
-            Box::new(batches.clone()),
-            Box::new(released.clone()),
-            Box::new(part_batches.clone()),
-            Box::new(in_flight.clone()),
-            Box::new(telemetry_available.clone()),
-        ] {
-            registry.register(m).expect("metric names are unique");
-        }
+        );
         Self {
             state,
             telemetry_root,

@@ -192,10 +192,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
             ),
     );
     if let Some(path) = &args.ready_file {
-        let doc = serde_json::json!({"rest": rest_addr.to_string(), "grpc": grpc_addr.to_string(), "pid": std::process::id(), "tls": args.tls_cert.is_some()});
-        let tmp = path.with_extension("tmp");
-        std::fs::write(&tmp, doc.to_string())?;
-        std::fs::rename(&tmp, path)?;
+        write_ready(path, rest_addr, grpc_addr, args.tls_cert.is_some())?;
     }
     tracing::info!(rest = %rest_addr, grpc = %grpc_addr, data = %args.data.display(), tls = args.tls_cert.is_some(), "embedded-qdrant serving");
 
@@ -213,6 +210,20 @@ async fn run(args: Args) -> anyhow::Result<()> {
     store.flush_all().await;
     tracing::info!("flushed; bye");
     Ok(())
+}
+
+/// The ready file: both bound addresses, the pid and whether TLS is on, written whole (a
+/// temporary file renamed) so a reader never sees half.
+fn write_ready(
+    path: &std::path::Path,
+    rest: SocketAddr,
+    grpc: SocketAddr,
+    tls: bool,
+) -> std::io::Result<()> {
+    let doc = serde_json::json!({"rest": rest.to_string(), "grpc": grpc.to_string(), "pid": std::process::id(), "tls": tls});
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, doc.to_string())?;
+    std::fs::rename(&tmp, path)
 }
 
 async fn wait_for_signal() -> &'static str {

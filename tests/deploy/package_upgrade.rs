@@ -163,35 +163,7 @@ fn the_package_upgrades_a_running_proxy_in_place_under_load() {
     ));
     std::thread::sleep(Duration::from_secs(4));
     let quiet_until = now_ms(&sd);
-    let mut windows = Vec::new();
-    let mut pids = vec![main_pid(&sd)];
-    for rev in 2..=4 {
-        let from = now_ms(&sd);
-        let (code, said) = sd.try_sh(&format!(
-            "dpkg -i /root/dist{rev}/vector-tls-proxy_{}-{rev}_amd64.deb 2>&1",
-            env!("CARGO_PKG_VERSION")
-        ));
-        assert_eq!(
-            code,
-            0,
-            "revision {rev}: {said}\n{}",
-            sd.try_sh("journalctl --no-pager -u vector-tls-proxy -n 40")
-                .1
-        );
-        assert!(said.contains("upgraded: pid"), "revision {rev}: {said}");
-        windows.push((from, now_ms(&sd) + 1000));
-        let pid = main_pid(&sd);
-        assert!(
-            !pids.contains(&pid),
-            "revision {rev}: systemd still names pid {pid}: {said}"
-        );
-        pids.push(pid);
-        assert_eq!(
-            sd.sh("systemctl is-active vector-tls-proxy").trim(),
-            "active"
-        );
-        std::thread::sleep(Duration::from_secs(3));
-    }
+    let (pids, windows) = upgrade_to_revisions_2_to_4(&sd);
     assert_eq!(
         sd.sh("dpkg-query -W -f '${Version}' vector-tls-proxy"),
         format!("{}-4", env!("CARGO_PKG_VERSION"))
@@ -260,6 +232,42 @@ fn the_package_upgrades_a_running_proxy_in_place_under_load() {
     );
     assert!(!quiet.is_empty() && !during.is_empty());
     restart_under_load(&sd);
+}
+
+/// The package upgraded in place to revisions 2, 3 and 4 with dpkg, each through `proxy
+/// upgrade`: a new main process each time, the unit active. Returns the pids in order and
+/// each upgrade's window (ms, with a second after).
+fn upgrade_to_revisions_2_to_4(sd: &SystemdContainer) -> (Vec<u32>, Vec<(u64, u64)>) {
+    let mut windows = Vec::new();
+    let mut pids = vec![main_pid(sd)];
+    for rev in 2..=4 {
+        let from = now_ms(sd);
+        let (code, said) = sd.try_sh(&format!(
+            "dpkg -i /root/dist{rev}/vector-tls-proxy_{}-{rev}_amd64.deb 2>&1",
+            env!("CARGO_PKG_VERSION")
+        ));
+        assert_eq!(
+            code,
+            0,
+            "revision {rev}: {said}\n{}",
+            sd.try_sh("journalctl --no-pager -u vector-tls-proxy -n 40")
+                .1
+        );
+        assert!(said.contains("upgraded: pid"), "revision {rev}: {said}");
+        windows.push((from, now_ms(sd) + 1000));
+        let pid = main_pid(sd);
+        assert!(
+            !pids.contains(&pid),
+            "revision {rev}: systemd still names pid {pid}: {said}"
+        );
+        pids.push(pid);
+        assert_eq!(
+            sd.sh("systemctl is-active vector-tls-proxy").trim(),
+            "active"
+        );
+        std::thread::sleep(Duration::from_secs(3));
+    }
+    (pids, windows)
 }
 
 /// `systemctl restart` is a stop and a start: its refused requests under the same load

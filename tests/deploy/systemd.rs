@@ -9,7 +9,7 @@
 //! broken file while the old configuration keeps serving; a file access log works under
 //! `ProtectSystem=strict`; `systemd-analyze security` rates the proxy's unit.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -40,18 +40,11 @@ fn sbom_components(path: &Path) -> Vec<String> {
         .collect()
 }
 
-#[test]
-fn the_package_installs_and_the_quick_start_runs_under_systemd() {
-    if !containers_available("systemd") {
-        return;
-    }
-    let images = test_images();
-
-    // The README's first block builds the package for a release; here it packages this
-    // test build's binary.
-    let blocks = quick_start_blocks();
-    assert_eq!(blocks.len(), 4, "{blocks:?}");
-    assert_eq!(blocks[0].trim(), "deploy/package/build.sh --out dist");
+/// The package built as the README's first block builds it (from this test build's binary),
+/// its checksums verified, and what each artifact's SBOM says it links: the proxy's graph
+/// has rustls and its providers and none of Qdrant's engine; the tools' has the engine.
+/// Returns the folder of the artifacts.
+fn package_with_its_sboms() -> PathBuf {
     let dist = temp_dir("dist");
     let listing = run_ok(
         Command::new(repo_root().join("deploy/package/build.sh"))
@@ -101,6 +94,22 @@ fn the_package_installs_and_the_quick_start_runs_under_systemd() {
     let tools_sbom =
         sbom_components(&dist.join(format!("vector-tls-proxy-tools_{version}.image.cdx.json")));
     assert!(tools_sbom.iter().any(|c| c == "qdrant-edge"));
+    dist
+}
+
+#[test]
+fn the_package_installs_and_the_quick_start_runs_under_systemd() {
+    if !containers_available("systemd") {
+        return;
+    }
+    let images = test_images();
+
+    // The README's first block builds the package for a release; here it packages this
+    // test build's binary.
+    let blocks = quick_start_blocks();
+    assert_eq!(blocks.len(), 4, "{blocks:?}");
+    assert_eq!(blocks[0].trim(), "deploy/package/build.sh --out dist");
+    let dist = package_with_its_sboms();
 
     let qdrant_double = binary("embedded-qdrant");
     let sd = SystemdContainer::boot(

@@ -220,35 +220,7 @@ async fn spans_reach_the_collector_with_the_trace_passed_upstream() {
             if grpc { "gRPC" } else { "HTTP" }
         );
         assert_eq!(service, "ingest-proxy");
-        assert_eq!(hex(&span.parent_span_id), CLIENT_PARENT);
-        assert_eq!(hex(&span.span_id), sent[2]);
-        assert_eq!(span.trace_state, "vendor=abc");
-        assert_eq!(span.name, "PUT /collections/{collection_name}/points");
-        assert_eq!(span.kind, 2, "SERVER");
-        assert!(span.end_time_unix_nano >= span.start_time_unix_nano);
-        assert_eq!(
-            attribute(span, "http.response.status_code"),
-            Some(Value::IntValue(200))
-        );
-        assert_eq!(
-            attribute(span, "http.request.body.size"),
-            Some(Value::IntValue(5000))
-        );
-        assert_eq!(
-            attribute(span, "vtp.tls.provider"),
-            Some(Value::StringValue("aws-lc-rs".into()))
-        );
-        assert_eq!(
-            attribute(span, "vtp.tls.algorithm"),
-            Some(Value::StringValue("ecdsa-p256".into()))
-        );
-        assert_eq!(
-            attribute(span, "tls.resumed"),
-            Some(Value::BoolValue(false))
-        );
-        assert!(
-            matches!(attribute(span, "upstream.duration"), Some(Value::DoubleValue(d)) if d > 0.0)
-        );
+        the_span_carries_the_request(span, sent[2]);
         let (fresh_span, _) = all
             .iter()
             .find(|(s, _)| hex(&s.trace_id) == started.split('-').nth(1).unwrap())
@@ -273,6 +245,38 @@ async fn spans_reach_the_collector_with_the_trace_passed_upstream() {
             );
         }
     }
+}
+
+/// The proxy's span of the client's traced upload: its place in the client's trace, its
+/// name and kind, and the request's, the handshake's and the upstream's attributes.
+fn the_span_carries_the_request(span: &Span, span_id: &str) {
+    assert_eq!(hex(&span.parent_span_id), CLIENT_PARENT);
+    assert_eq!(hex(&span.span_id), span_id);
+    assert_eq!(span.trace_state, "vendor=abc");
+    assert_eq!(span.name, "PUT /collections/{collection_name}/points");
+    assert_eq!(span.kind, 2, "SERVER");
+    assert!(span.end_time_unix_nano >= span.start_time_unix_nano);
+    assert_eq!(
+        attribute(span, "http.response.status_code"),
+        Some(Value::IntValue(200))
+    );
+    assert_eq!(
+        attribute(span, "http.request.body.size"),
+        Some(Value::IntValue(5000))
+    );
+    assert_eq!(
+        attribute(span, "vtp.tls.provider"),
+        Some(Value::StringValue("aws-lc-rs".into()))
+    );
+    assert_eq!(
+        attribute(span, "vtp.tls.algorithm"),
+        Some(Value::StringValue("ecdsa-p256".into()))
+    );
+    assert_eq!(
+        attribute(span, "tls.resumed"),
+        Some(Value::BoolValue(false))
+    );
+    assert!(matches!(attribute(span, "upstream.duration"), Some(Value::DoubleValue(d)) if d > 0.0));
 }
 
 /// A collector that is gone, or too slow for the queue: every request is answered as fast

@@ -82,23 +82,12 @@ async fn the_certificate_follows_the_server_name() {
     std::fs::copy(&k, &sni_key).unwrap();
 
     let upstream = EchoUpstream::start();
-    let config = live.join("proxy.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "provider = \"aws-lc-rs\"\ncert_watch_interval = \"200ms\"\n\
-             [[listener]]\nname = \"rest\"\nlisten = \"127.0.0.1:0\"\n\
-             cert = \"{}\"\nkey = \"{}\"\nupstream = \"{}\"\n\
-             [[listener.sni]]\nserver_names = [\"Vectors.example.test\", \"*.tenant.example.test\"]\n\
-             cert = \"{}\"\nkey = \"{}\"\n",
-            default_cert.display(),
-            default_key.display(),
-            upstream.url(),
-            sni_cert.display(),
-            sni_key.display(),
-        ),
-    )
-    .unwrap();
+    let config = write_config(
+        &live,
+        (&default_cert, &default_key),
+        &upstream.url(),
+        (&sni_cert, &sni_key),
+    );
     let proxy = ProxyProcess::start_raw(&args(&["--config", config.to_str().unwrap()]));
     let log = proxy.log_text();
     assert!(
@@ -133,28 +122,7 @@ async fn the_certificate_follows_the_server_name() {
     let deep = presented(addr, client.clone(), "b.a.tenant.example.test").await;
     assert!(deep.is_err(), "{deep:?}");
 
-    let m = proxy.metrics();
-    assert_eq!(
-        metric_sum(
-            &m,
-            "proxy_tls_handshakes_total",
-            &[("algorithm", "ecdsa-p384"), ("outcome", "ok")]
-        ),
-        2.0,
-        "SNI handshakes count under their certificate's algorithm:\n{m}"
-    );
-    assert!(
-        metric_value(
-            &m,
-            "proxy_tls_sni_certificate_expiry_timestamp_seconds",
-            &[
-                ("server_names", "vectors.example.test,*.tenant.example.test"),
-                ("algorithm", "ecdsa-p384")
-            ]
-        )
-        .is_some_and(|t| t > 1.7e9),
-        "{m}"
-    );
+    sni_handshakes_are_counted(&proxy.metrics());
 
     // The SNI certificate is rotated in place: the watch reloads it; the default stays.
     let (c2, k2) = server(&rotated_set, CertAlgorithmName::EcdsaP256);
@@ -192,6 +160,61 @@ async fn the_certificate_follows_the_server_name() {
             )
             .is_none(),
         "the metrics list what is served now:\n{m}"
+    );
+}
+
+/// The proxy's configuration: one listener whose default certificate is `default`, and
+/// `sni` for vectors.example.test and *.tenant.example.test (one name written in capitals:
+/// names match whatever their case). Watched every 200 ms.
+fn write_config(
+    live: &Path,
+    default: (&Path, &Path),
+    upstream: &str,
+    sni: (&Path, &Path),
+) -> PathBuf {
+    let config = live.join("proxy.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "provider = \"aws-lc-rs\"\ncert_watch_interval = \"200ms\"\n\
+             [[listener]]\nname = \"rest\"\nlisten = \"127.0.0.1:0\"\n\
+             cert = \"{}\"\nkey = \"{}\"\nupstream = \"{}\"\n\
+             [[listener.sni]]\nserver_names = [\"Vectors.example.test\", \"*.tenant.example.test\"]\n\
+             cert = \"{}\"\nkey = \"{}\"\n",
+            default.0.display(),
+            default.1.display(),
+            upstream,
+            sni.0.display(),
+            sni.1.display(),
+        ),
+    )
+    .unwrap();
+    config
+}
+
+/// The two SNI handshakes counted under their certificate's algorithm, and its expiry
+/// exported by server names.
+fn sni_handshakes_are_counted(m: &str) {
+    assert_eq!(
+        metric_sum(
+            m,
+            "proxy_tls_handshakes_total",
+            &[("algorithm", "ecdsa-p384"), ("outcome", "ok")]
+        ),
+        2.0,
+        "SNI handshakes count under their certificate's algorithm:\n{m}"
+    );
+    assert!(
+        metric_value(
+            m,
+            "proxy_tls_sni_certificate_expiry_timestamp_seconds",
+            &[
+                ("server_names", "vectors.example.test,*.tenant.example.test"),
+                ("algorithm", "ecdsa-p384")
+            ]
+        )
+        .is_some_and(|t| t > 1.7e9),
+        "{m}"
     );
 }
 

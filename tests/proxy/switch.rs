@@ -95,60 +95,7 @@ async fn switch_is_atomic_authorised_and_keeps_established_connections() {
         CertAlgorithmName::EcdsaP384,
         CertAlgorithmName::EcdsaP384,
     );
-    let mismatched = switch_body(
-        "aws-lc-rs",
-        CertAlgorithmName::EcdsaP384,
-        CertAlgorithmName::EcdsaP256,
-    );
-    let (status, body) = tokio::task::spawn_blocking({
-        let good = good.clone();
-        move || post_admin(admin, None, &good)
-    })
-    .await
-    .unwrap();
-    assert_eq!(status, 401, "{body}");
-    let (status, _) = tokio::task::spawn_blocking({
-        let good = good.clone();
-        move || post_admin(admin, Some("wrong-token-0123456789abcdef"), &good)
-    })
-    .await
-    .unwrap();
-    assert_eq!(status, 401);
-    let (status, body) =
-        tokio::task::spawn_blocking(move || post_admin(admin, Some(TOKEN), "{\"provider\":1}"))
-            .await
-            .unwrap();
-    assert_eq!(status, 400, "{body}");
-    let (status, body) =
-        tokio::task::spawn_blocking(move || post_admin(admin, Some(TOKEN), &mismatched))
-            .await
-            .unwrap();
-    assert_eq!(status, 422, "{body}");
-    assert!(
-        body.contains("ecdsa-p256.key") || body.contains("match"),
-        "{body}"
-    );
-    let unknown = serde_json::json!({
-        "listener": "nope",
-        "provider": "ring",
-        "cert": server_cert(CertAlgorithmName::EcdsaP256).0,
-        "key": server_cert(CertAlgorithmName::EcdsaP256).1,
-    })
-    .to_string();
-    let (status, body) =
-        tokio::task::spawn_blocking(move || post_admin(admin, Some(TOKEN), &unknown))
-            .await
-            .unwrap();
-    assert_eq!(status, 404, "{body}");
-    let tls = tls_connect(proxy.addr, config.clone())
-        .await
-        .expect("still rsa");
-    assert_eq!(
-        tls.get_ref().1.peer_certificates().unwrap()[0],
-        first_cert(&server_cert(CertAlgorithmName::Rsa2048).0),
-        "refused switches changed nothing"
-    );
-    drop(tls);
+    refused_switches_change_nothing(&proxy, &config, &good).await;
 
     // The switch.
     let (status, body) = tokio::task::spawn_blocking(move || post_admin(admin, Some(TOKEN), &good))
@@ -211,6 +158,71 @@ async fn switch_is_atomic_authorised_and_keeps_established_connections() {
     )
     .unwrap_or(0.0);
     assert!(after >= 2.0, "{text}");
+}
+
+/// Switches refused for a missing or wrong token (401), a malformed body (400), a key that
+/// does not match its certificate (422) and an unknown listener (404): none changes what
+/// new connections handshake with.
+async fn refused_switches_change_nothing(
+    proxy: &ProxyProcess,
+    config: &std::sync::Arc<rustls::ClientConfig>,
+    good: &str,
+) {
+    let admin = proxy.admin;
+    let mismatched = switch_body(
+        "aws-lc-rs",
+        CertAlgorithmName::EcdsaP384,
+        CertAlgorithmName::EcdsaP256,
+    );
+    let (status, body) = tokio::task::spawn_blocking({
+        let good = good.to_owned();
+        move || post_admin(admin, None, &good)
+    })
+    .await
+    .unwrap();
+    assert_eq!(status, 401, "{body}");
+    let (status, _) = tokio::task::spawn_blocking({
+        let good = good.to_owned();
+        move || post_admin(admin, Some("wrong-token-0123456789abcdef"), &good)
+    })
+    .await
+    .unwrap();
+    assert_eq!(status, 401);
+    let (status, body) =
+        tokio::task::spawn_blocking(move || post_admin(admin, Some(TOKEN), "{\"provider\":1}"))
+            .await
+            .unwrap();
+    assert_eq!(status, 400, "{body}");
+    let (status, body) =
+        tokio::task::spawn_blocking(move || post_admin(admin, Some(TOKEN), &mismatched))
+            .await
+            .unwrap();
+    assert_eq!(status, 422, "{body}");
+    assert!(
+        body.contains("ecdsa-p256.key") || body.contains("match"),
+        "{body}"
+    );
+    let unknown = serde_json::json!({
+        "listener": "nope",
+        "provider": "ring",
+        "cert": server_cert(CertAlgorithmName::EcdsaP256).0,
+        "key": server_cert(CertAlgorithmName::EcdsaP256).1,
+    })
+    .to_string();
+    let (status, body) =
+        tokio::task::spawn_blocking(move || post_admin(admin, Some(TOKEN), &unknown))
+            .await
+            .unwrap();
+    assert_eq!(status, 404, "{body}");
+    let tls = tls_connect(proxy.addr, config.clone())
+        .await
+        .expect("still rsa");
+    assert_eq!(
+        tls.get_ref().1.peer_certificates().unwrap()[0],
+        first_cert(&server_cert(CertAlgorithmName::Rsa2048).0),
+        "refused switches changed nothing"
+    );
+    drop(tls);
 }
 
 #[test]

@@ -144,6 +144,17 @@ async fn https_upstreams_are_verified_and_carry_rest_and_grpc() {
         "{m}"
     );
 
+    unverified_nodes_get_no_request(&node, ca).await;
+}
+
+/// Nodes behind `node` whose certificates do not verify: one chaining to another CA, and
+/// one asked for by a name its certificate lacks. Both refused with 502 / UNAVAILABLE, the
+/// reason in the log, and no request reaches the node.
+async fn unverified_nodes_get_no_request(node: &ProxyProcess, ca: &std::path::Path) {
+    use qdrant_client::qdrant::collections_client::CollectionsClient;
+    use qdrant_client::qdrant::ListCollectionsRequest;
+
+    let (node_rest, node_grpc) = (node.listener("rest"), node.listener("grpc"));
     // A node whose certificate chains to another CA: no request reaches it.
     let other = generate_cert_set(
         &temp_dir("upstream-tls-other-ca"),

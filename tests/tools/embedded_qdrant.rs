@@ -188,7 +188,36 @@ fn rest_flow_restart_and_bad_input() {
         "{v}"
     );
 
-    // Bad input: each gets Qdrant's error shape and status.
+    bad_input_gets_qdrants_errors_and_changes_nothing(rest);
+
+    // wait=false acknowledges; the data is there after a clean restart.
+    let (s, v) = http_json(
+        rest,
+        "PUT",
+        "/collections/docs/points?wait=false",
+        &upsert_body(0..1, &vectors).replace("\"id\":0", "\"id\":1000"),
+    );
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(v["result"]["status"], "acknowledged");
+    assert!(server.stop().success());
+    let server = EmbeddedQdrant::start(&data);
+    let (_, v) = http_json(server.rest, "POST", "/collections/docs/points/count", "{}");
+    assert_eq!(
+        v["result"]["count"], 1001,
+        "restart keeps every acknowledged point: {v}"
+    );
+    let (s, v) = http_json(server.rest, "DELETE", "/collections/docs", "");
+    assert_eq!((s, &v["result"]), (200, &json!(true)));
+    let (_, v) = http_json(server.rest, "GET", "/collections/docs/exists", "");
+    assert_eq!(v["result"]["exists"], false);
+    drop(server);
+    std::fs::remove_dir_all(&data).ok();
+}
+
+/// Bad input against the `docs` collection: each gets Qdrant's error shape and status (a
+/// wrong dimension, a missing collection, broken JSON, a collection made twice, a bad name
+/// or distance), and the server keeps serving.
+fn bad_input_gets_qdrants_errors_and_changes_nothing(rest: std::net::SocketAddr) {
     let (s, v) = http_json(
         rest,
         "PUT",
@@ -233,29 +262,6 @@ fn rest_flow_restart_and_bad_input() {
     let (s, v) = http_json(rest, "GET", "/collections", "");
     assert_eq!(s, 200);
     assert_eq!(v["result"]["collections"][0]["name"], "docs", "{v}");
-
-    // wait=false acknowledges; the data is there after a clean restart.
-    let (s, v) = http_json(
-        rest,
-        "PUT",
-        "/collections/docs/points?wait=false",
-        &upsert_body(0..1, &vectors).replace("\"id\":0", "\"id\":1000"),
-    );
-    assert_eq!(s, 200, "{v}");
-    assert_eq!(v["result"]["status"], "acknowledged");
-    assert!(server.stop().success());
-    let server = EmbeddedQdrant::start(&data);
-    let (_, v) = http_json(server.rest, "POST", "/collections/docs/points/count", "{}");
-    assert_eq!(
-        v["result"]["count"], 1001,
-        "restart keeps every acknowledged point: {v}"
-    );
-    let (s, v) = http_json(server.rest, "DELETE", "/collections/docs", "");
-    assert_eq!((s, &v["result"]), (200, &json!(true)));
-    let (_, v) = http_json(server.rest, "GET", "/collections/docs/exists", "");
-    assert_eq!(v["result"]["exists"], false);
-    drop(server);
-    std::fs::remove_dir_all(&data).ok();
 }
 
 /// `--tls-cert/--tls-key` that do not form a pair, or a missing file, stop the server at

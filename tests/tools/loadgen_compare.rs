@@ -64,45 +64,7 @@ fn tiny_matrix_writes_cells_and_report_and_survives_a_failing_provider() {
     );
     assert!(out.join("work/embedded-qdrant.log").is_file());
 
-    // Every cell has its JSON: measured ones as run results, the QAT ones as failures.
-    for alg in ALGORITHMS {
-        for provider in ["ring", "aws-lc-rs"] {
-            let v: serde_json::Value = serde_json::from_str(&read(
-                &out.join(format!("cells/{provider}__{alg}__r1.json")),
-            ))
-            .unwrap();
-            assert_eq!(v["schema"], "loadgen.run/v1");
-            assert_eq!(v["cell"]["provider"], provider);
-            assert_eq!(v["cell"]["algorithm"], alg);
-            assert_eq!(v["requests_ok"], 6, "{v:#}");
-            assert_eq!(v["verification"]["value"]["matches"], true);
-            // The proxy runs on this machine: the clients' congestion control is compare's
-            // (a pacing client's timer would run under the proxy's reads on loopback).
-            assert_eq!(v["config"]["congestion_control"], "cubic", "{v:#}");
-            // Every request was a full handshake on a fresh proxy; the proxy's CPU is attributed.
-            assert_eq!(v["handshakes"]["count"], 6);
-            assert_eq!(v["proxy_metrics"]["value"]["handshakes"], 6.0);
-            assert!(v["proxy_metrics"]["value"]["cpu_seconds"].as_f64().unwrap() > 0.0);
-            let listeners = v["environment"]["proxy_listeners"].to_string();
-            assert!(
-                listeners.contains(provider) && listeners.contains(alg),
-                "{listeners}"
-            );
-            // compare's default budget, as the proxy's cgroup files gave it back.
-            let proxy = &v["cpu"]["watched"][0];
-            assert_eq!(proxy["name"], "proxy");
-            assert_eq!(proxy["cpu_quota"]["cores"], 0.1, "{proxy:#}");
-            assert_eq!(proxy["cpu_quota"]["period_us"], 100_000, "{proxy:#}");
-        }
-        let failed: serde_json::Value = serde_json::from_str(&read(
-            &out.join(format!("cells/openssl-qat__{alg}__r1.json")),
-        ))
-        .unwrap();
-        assert_eq!(failed["schema"], "loadgen.cell-failure/v1");
-        let reason = failed["reason"].as_str().unwrap();
-        assert!(reason.contains("proxy"), "{reason}");
-        assert!(reason.to_lowercase().contains("qat"), "{reason}");
-    }
+    every_cell_has_its_json(&out);
 
     let md = read(&out.join("report.md"));
     let csv = read(&out.join("report.csv"));
@@ -177,6 +139,50 @@ fn tiny_matrix_writes_cells_and_report_and_survives_a_failing_provider() {
         resumed.stderr
     );
     assert_eq!(read(&out.join("cells/ring__rsa2048__r1.json")), before);
+}
+
+/// Every cell has its JSON: measured ones as run results (full handshakes on a fresh proxy
+/// under compare's default budget), the QAT ones as failures saying why.
+fn every_cell_has_its_json(out: &std::path::Path) {
+    // Every cell has its JSON: measured ones as run results, the QAT ones as failures.
+    for alg in ALGORITHMS {
+        for provider in ["ring", "aws-lc-rs"] {
+            let v: serde_json::Value = serde_json::from_str(&read(
+                &out.join(format!("cells/{provider}__{alg}__r1.json")),
+            ))
+            .unwrap();
+            assert_eq!(v["schema"], "loadgen.run/v1");
+            assert_eq!(v["cell"]["provider"], provider);
+            assert_eq!(v["cell"]["algorithm"], alg);
+            assert_eq!(v["requests_ok"], 6, "{v:#}");
+            assert_eq!(v["verification"]["value"]["matches"], true);
+            // The proxy runs on this machine: the clients' congestion control is compare's
+            // (a pacing client's timer would run under the proxy's reads on loopback).
+            assert_eq!(v["config"]["congestion_control"], "cubic", "{v:#}");
+            // Every request was a full handshake on a fresh proxy; the proxy's CPU is attributed.
+            assert_eq!(v["handshakes"]["count"], 6);
+            assert_eq!(v["proxy_metrics"]["value"]["handshakes"], 6.0);
+            assert!(v["proxy_metrics"]["value"]["cpu_seconds"].as_f64().unwrap() > 0.0);
+            let listeners = v["environment"]["proxy_listeners"].to_string();
+            assert!(
+                listeners.contains(provider) && listeners.contains(alg),
+                "{listeners}"
+            );
+            // compare's default budget, as the proxy's cgroup files gave it back.
+            let proxy = &v["cpu"]["watched"][0];
+            assert_eq!(proxy["name"], "proxy");
+            assert_eq!(proxy["cpu_quota"]["cores"], 0.1, "{proxy:#}");
+            assert_eq!(proxy["cpu_quota"]["period_us"], 100_000, "{proxy:#}");
+        }
+        let failed: serde_json::Value = serde_json::from_str(&read(
+            &out.join(format!("cells/openssl-qat__{alg}__r1.json")),
+        ))
+        .unwrap();
+        assert_eq!(failed["schema"], "loadgen.cell-failure/v1");
+        let reason = failed["reason"].as_str().unwrap();
+        assert!(reason.contains("proxy"), "{reason}");
+        assert!(reason.to_lowercase().contains("qat"), "{reason}");
+    }
 }
 
 /// The CSV: one row per provider x algorithm x metric, plus the header; the optional

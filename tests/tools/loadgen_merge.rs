@@ -65,6 +65,17 @@ fn histogram(v: &Value) -> hdrhistogram::Histogram<u64> {
         .expect("HDR histogram")
 }
 
+/// `loadgen merge` of `parts` into `merged_path`, and what it wrote.
+fn merged(parts: &[std::path::PathBuf], merged_path: &std::path::Path) -> Value {
+    let mut merge_args = vec!["merge".to_owned()];
+    merge_args.extend(parts.iter().map(|p| p.display().to_string()));
+    merge_args.extend(["--out".to_owned(), merged_path.display().to_string()]);
+    let run = run_loadgen(&merge_args, None);
+    assert!(run.status.success(), "{}", run.stderr);
+    eprintln!("{}", run.stdout.trim());
+    read(merged_path)
+}
+
 #[test]
 fn three_processes_merge_into_the_union_of_their_samples() {
     let data = temp_dir("merge-data");
@@ -90,15 +101,7 @@ fn three_processes_merge_into_the_union_of_their_samples() {
     let spread = starts.iter().cloned().fold(f64::MIN, f64::max)
         - starts.iter().cloned().fold(f64::MAX, f64::min);
     assert!(spread < 0.5, "windows start {spread:.3} s apart");
-
-    let merged_path = dir.join("merged.json");
-    let mut merge_args = vec!["merge".to_owned()];
-    merge_args.extend(parts.iter().map(|p| p.display().to_string()));
-    merge_args.extend(["--out".to_owned(), merged_path.display().to_string()]);
-    let run = run_loadgen(&merge_args, None);
-    assert!(run.status.success(), "{}", run.stderr);
-    eprintln!("{}", run.stdout.trim());
-    let m = read(&merged_path);
+    let m = merged(&parts, &dir.join("merged.json"));
 
     let sum = |key: &str| {
         results

@@ -509,7 +509,7 @@ mod tests {
         }
         assert_eq!(
             text.lines().filter(|l| l.contains('=')).count(),
-            17,
+            16,
             "{text}"
         );
     }

@@ -79,7 +79,7 @@ pub(super) fn bound_by_cpu(r: &RunResult) -> String {
         if system / 100.0 >= SATURATED {
             let top = procs.first().map_or("?", |(n, _)| n.as_str());
             return format!(
-                "the machine's CPU ({system:.0} % of {cores:.0} cores; most: {top}); {usage}"
+                "the machine's CPU ({system:.0} % of {cores:.0} cores, most: {top}); {usage}"
             );
         }
     }

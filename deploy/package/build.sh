@@ -21,6 +21,12 @@ if [ -z "${CARGO_TARGET_DIR:-}" ]; then
     | python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')
 fi
 export CARGO_TARGET_DIR
+# One package build at a time per target folder: cargo-deb stages the stripped binary under
+# it and cargo-cyclonedx writes its SBOMs into the source tree, so two builds at once (the
+# container tests run two) could package each other's half-written files. The second waits.
+mkdir -p "$CARGO_TARGET_DIR"
+exec 9>"$CARGO_TARGET_DIR/.package-build.lock"
+flock 9
 version=$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)
 out="$CARGO_TARGET_DIR/dist"
 profile=release

@@ -1,7 +1,6 @@
 //! A local cell: a proxy started for it (from the proxy's own configuration, written
 //! sparsely), under the cell's CPU budget where one is asked for, measured, then stopped.
 
-use super::remote::wait_ready;
 use super::*;
 
 #[allow(clippy::too_many_arguments)]
@@ -94,7 +93,7 @@ pub(super) async fn run_local_cell(
 
 /// A started local proxy's cell: its budget attached and read back, then measured.
 #[allow(clippy::too_many_arguments)]
-pub(super) async fn budgeted_cell(
+async fn budgeted_cell(
     base: &RunArgs,
     cell: &Cell,
     ca: &Path,
@@ -140,4 +139,20 @@ pub(super) async fn budgeted_cell(
 /// A cell's name in file names: `provider__algorithm__rN`.
 pub(super) fn cell_path_stem(cell: &Cell) -> String {
     format!("{}__{}__r{}", cell.provider, cell.algorithm, cell.repeat)
+}
+
+/// Waits up to 30 s for `url` (the started proxy's /readyz) to answer 200.
+async fn wait_ready(url: &str) -> Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Ok(r) = send(http::Method::GET, url, None, &Options::default()).await {
+            if r.status == 200 {
+                return Ok(());
+            }
+        }
+        if Instant::now() > deadline {
+            bail!("{url} did not answer 200 within 30 s");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }

@@ -56,18 +56,3 @@ pub(super) async fn run_remote_cell(
     run.proxy_metrics = Some(format!("{admin}/metrics"));
     measure(run, stop).await
 }
-
-pub(super) async fn wait_ready(url: &str) -> Result<()> {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        if let Ok(r) = send(http::Method::GET, url, None, &Options::default()).await {
-            if r.status == 200 {
-                return Ok(());
-            }
-        }
-        if Instant::now() > deadline {
-            bail!("{url} did not answer 200 within 30 s");
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}

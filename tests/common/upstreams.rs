@@ -1,5 +1,6 @@
 //! In-process upstreams: an HTTP/1.1 + h2c echo server, a tonic gRPC server, a fixed
-//! answer, and a stand-in for OVMS's embeddings endpoint.
+//! answer, a stand-in for OVMS's embeddings endpoint, and a link to a node that can be cut
+//! as a network partition cuts it.
 
 #[allow(unused_imports)]
 use super::*;
@@ -344,5 +345,64 @@ impl StaticAnswer {
 
     pub fn url(&self) -> String {
         format!("http://{}", self.addr)
+    }
+}
+
+/// A TCP path to `to` that can be cut and mended, as a network partition does. Cut, the
+/// connections it carries go silent: held open, nothing passes either way, no FIN or RST
+/// (half-open, as a node disconnected from its network leaves them); new connections are
+/// closed at once. Mended, new connections pass again; the silenced ones never do (as
+/// when the node comes back at another address).
+pub struct CuttableLink {
+    /// Where clients connect.
+    pub addr: SocketAddr,
+    /// How many times the link was cut; odd while it is cut.
+    cuts: tokio::sync::watch::Sender<u64>,
+    _server: ServerGuard,
+}
+
+impl CuttableLink {
+    /// A link from a new loopback port to `to`.
+    pub fn to(to: SocketAddr) -> Self {
+        let (cuts, watch) = tokio::sync::watch::channel(0u64);
+        let (addr, server) = spawn_server(move |listener| async move {
+            loop {
+                let Ok((mut client, _)) = listener.accept().await else {
+                    continue;
+                };
+                let born = *watch.borrow();
+                if born % 2 == 1 {
+                    continue; // cut: closed at once
+                }
+                let mut changed = watch.clone();
+                tokio::task::spawn_local(async move {
+                    let Ok(mut node) = TcpStream::connect(to).await else {
+                        return;
+                    };
+                    tokio::select! {
+                        _ = tokio::io::copy_bidirectional(&mut client, &mut node) => return,
+                        _ = changed.wait_for(|cuts| *cuts != born) => {}
+                    }
+                    // Silenced for good: both sockets stay open and unread.
+                    std::future::pending::<()>().await;
+                    drop((client, node));
+                });
+            }
+        });
+        Self {
+            addr,
+            cuts,
+            _server: server,
+        }
+    }
+
+    /// Silences every connection the link carries and refuses new ones.
+    pub fn cut(&self) {
+        self.cuts.send_modify(|c| *c += 1 - *c % 2);
+    }
+
+    /// Lets new connections through again.
+    pub fn mend(&self) {
+        self.cuts.send_modify(|c| *c += *c % 2);
     }
 }

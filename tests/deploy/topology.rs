@@ -38,6 +38,8 @@ fn docker(args: &[&str]) -> String {
 /// The containers, volumes and network of one run, all removed when dropped.
 struct Topology {
     net: String,
+    /// The logs of containers removed during the run (the rolled proxy), for a failure.
+    removed_logs: std::cell::RefCell<Vec<String>>,
 }
 
 impl Topology {
@@ -74,8 +76,39 @@ impl Topology {
     }
 }
 
+impl Topology {
+    /// Keeps the last lines of `node`'s log before its container is removed.
+    fn save_log(&self, node: &str) {
+        let log = self.log_tail(node, "before it was removed");
+        self.removed_logs.borrow_mut().push(log);
+    }
+
+    /// The last lines of `node`'s log, headed by its name and `when`.
+    fn log_tail(&self, node: &str, when: &str) -> String {
+        let text = Command::new("docker")
+            .args(["logs", "--tail", "60", &self.name(node)])
+            .output()
+            .map(|o| {
+                String::from_utf8_lossy(&o.stdout).into_owned()
+                    + &String::from_utf8_lossy(&o.stderr)
+            })
+            .unwrap_or_else(|e| format!("docker logs: {e}"));
+        format!("--- {node}'s log {when}, last lines:\n{text}")
+    }
+}
+
 impl Drop for Topology {
     fn drop(&mut self) {
+        // A failed run shows what the proxies and the balancer saw: the fault that
+        // explains a failure outside the windows is in their logs, gone with the containers.
+        if std::thread::panicking() {
+            for log in self.removed_logs.borrow().iter() {
+                eprintln!("{log}");
+            }
+            for node in ["proxy1", "proxy2", "balancer"] {
+                eprintln!("{}", self.log_tail(node, "at the end"));
+            }
+        }
         let label = format!("name={}-", self.net);
         let ids = Command::new("docker")
             .args(["ps", "-aq", "--filter", &label])
@@ -110,6 +143,7 @@ fn a_balanced_topology_keeps_every_acknowledged_point_through_node_and_proxy_fau
     let images = test_images();
     let topo = Topology {
         net: format!("vtp-topo-{}", std::process::id()),
+        removed_logs: Default::default(),
     };
     docker(&["network", "create", &topo.net]);
     let subnet = docker(&[
@@ -359,6 +393,7 @@ fn inject_the_faults(topo: &Topology, images: &TestImages, proxies: &Proxies, st
     ]);
     at(ROLL_PROXY1_AT);
     docker(&["stop", "-t", "20", &topo.name("proxy1")]);
+    topo.save_log("proxy1");
     docker(&["rm", &topo.name("proxy1")]);
     proxies.start(topo, images, "proxy1");
     at(RELOAD_PROXY2_AT);

@@ -312,3 +312,60 @@ fn a_refused_connect_is_retried_on_another_node_and_ejects_the_first() {
         6.0
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_cut_off_and_back_is_reached_on_new_connections() {
+    // The node is reached through a link that can be cut as a network partition cuts it:
+    // the connections it carried go half-open (silent, never closed), new ones are refused
+    // until it is mended. Before the proxy dropped a taken-out node's connections, both
+    // its gRPC probes and the requests after the mend went on the half-open h2c
+    // connections: the node never came back, or its requests hung to the response timeout.
+    let node = EmbeddedQdrant::start(&temp_dir("cutnode"));
+    let link = CuttableLink::to(node.grpc);
+    let proxy = ProxyProcess::start(
+        &format!("http://{}", link.addr),
+        ProviderName::AwsLcRs,
+        CertAlgorithmName::EcdsaP256,
+        &[
+            "--upstream-protocol",
+            "h2c",
+            "--health-check",
+            "grpc",
+            "--health-check-interval",
+            "200ms",
+        ],
+    );
+    let upstream = link.addr.to_string();
+    let mut client = HealthClient::new(grpc_channel(proxy.addr));
+    // Well under the response timeout (60 s): an answer in time came on a live connection.
+    let in_time = Duration::from_secs(5);
+    let checks = |client: &mut HealthClient<tonic::transport::Channel>, when: &'static str| {
+        let mut client = client.clone();
+        async move {
+            for _ in 0..5 {
+                tokio::time::timeout(in_time, client.check(HealthCheckRequest::default()))
+                    .await
+                    .unwrap_or_else(|_| panic!("no answer within {in_time:?} {when}"))
+                    .unwrap_or_else(|e| panic!("check {when}: {e}"));
+            }
+        }
+    };
+    checks(&mut client, "before the cut").await;
+
+    link.cut();
+    tokio::task::block_in_place(|| {
+        wait_node_metric(&proxy, "proxy_upstream_node_healthy", &upstream, 0.0)
+    });
+    link.mend();
+    tokio::task::block_in_place(|| {
+        wait_node_metric(&proxy, "proxy_upstream_node_healthy", &upstream, 1.0)
+    });
+    checks(&mut client, "after the mend").await;
+    assert!(
+        proxy
+            .log_text()
+            .contains("those made before are not used again"),
+        "{}",
+        proxy.log_text()
+    );
+}

@@ -89,7 +89,8 @@ pub const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
 /// closes a dead one after a few unanswered probes.
 pub const DEFAULT_TCP_KEEPALIVE: Duration = Duration::from_secs(60);
 /// HTTP/2 keep-alive PINGs on a connection that has been silent this long; an
-/// unanswered one closes the connection (a dead peer behind a NAT).
+/// unanswered one closes the connection (a dead peer behind a NAT). On client
+/// connections, and on upstream h2 connections while requests are in flight.
 pub const DEFAULT_H2_KEEPALIVE_INTERVAL: Duration = Duration::from_secs(30);
 /// Time to answer a keep-alive PING.
 pub const DEFAULT_H2_KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(20);

@@ -428,7 +428,6 @@ impl HttpForwarder {
             &self.pool.nodes()[0].addr().authority,
             client,
         );
-        let upstream_client = if use_h2c { &self.h2c } else { &self.http1 };
         // Nodes tried so far (bit i: node i).
         let mut tried = 0u64;
         // A body the client is still sending may go over the limit on its way: how the
@@ -464,7 +463,7 @@ impl HttpForwarder {
             let sent = Instant::now();
             let result = tokio::time::timeout(
                 self.limits.upstream_response_timeout,
-                upstream_client.request(upstream_req),
+                self.clients.request(&lease, use_h2c, upstream_req),
             )
             .await;
             match result {

@@ -8,9 +8,10 @@
 //!
 //! Its rooms: `exchange` (one request forwarded, stage by stage), `head` (the request head
 //! as the upstream gets it), `body` (request and response bodies, capped and counted),
-//! `gather` (request chunks held while the upstream cannot take them yet), `errors` (the
-//! proxy's own answers), `budget` (the request buffer budget), `idle_http1` (HTTP/1.1
-//! connections parked between requests without hyper's buffers). Rapid reset (premature
+//! `gather` (request chunks held while the upstream cannot take them yet), `node_clients`
+//! (each node's pooled clients, made anew after a fault), `errors` (the proxy's own
+//! answers), `budget` (the request buffer budget), `idle_http1` (HTTP/1.1 connections
+//! parked between requests without hyper's buffers). Rapid reset (premature
 //! stream resets counted under hyper, and the flood flag they raise) is the crate's
 //! `rapid_reset`, beside the connection state (`liveness`) that holds the flag.
 
@@ -21,6 +22,7 @@ mod exchange;
 mod gather;
 mod head;
 mod idle_http1;
+mod node_clients;
 mod spans;
 
 use std::future::Future;
@@ -35,7 +37,6 @@ use http::{Request, Response};
 use hyper::body::Incoming;
 use hyper::server::conn::{http1, http2};
 use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulConnection;
 use tokio::io::AsyncWriteExt;
@@ -57,6 +58,7 @@ pub(crate) use head::{connection_named, rewrite_head};
 use head::{ensure_request_id, is_grpc};
 use idle_http1::SetAside;
 pub use idle_http1::{ClientStream, NextBytes};
+use node_clients::NodeClients;
 
 /// HTTP/2 flow-control windows. hyper's defaults (64 KiB) make one 800 KB upsert take a
 /// dozen round trips of WINDOW_UPDATEs; these let a whole UPSERT_100 fly at once while
@@ -70,12 +72,6 @@ const HSTS_ONE_YEAR: &str = "max-age=31536000";
 const CLOSE_TIMEOUT: Duration = Duration::from_secs(1);
 /// A connection that cancelled too many streams gets its GOAWAY and this long to read it.
 const RESET_FLOOD_DRAIN: Duration = Duration::from_secs(1);
-/// Idle upstream connections kept per upstream: one per client connection in flight at a
-/// typical benchmark concurrency, so keep-alive upstream reuse is the norm.
-const UPSTREAM_POOL_MAX_IDLE: usize = 256;
-
-type UpstreamClient = Client<UpstreamConnector, CappedBody>;
-
 /// The head size h2 (and hyper's HTTP/1.1 server) read before they refuse a request
 /// themselves: twice the configured limit (h2 also counts 32 bytes per field that `admit`
 /// does not), so that heads up to well over the limit get the proxy's own answer.
@@ -87,8 +83,8 @@ fn head_ceiling(max_header_bytes: usize) -> u32 {
 pub struct HttpForwarder {
     pool: Arc<UpstreamPool>,
     protocol: UpstreamProtocol,
-    http1: UpstreamClient,
-    h2c: UpstreamClient,
+    /// Per node, the pooled HTTP/1.1 and h2c clients.
+    clients: NodeClients,
     limits: Limits,
     quiet: QuietLimits,
     upstream_slots: Arc<Semaphore>,
@@ -161,41 +157,15 @@ impl HttpForwarder {
         connector.set_connect_timeout(Some(limits.upstream_connect_timeout));
         let tls = pool.tls();
         let handshake_timeout = limits.upstream_connect_timeout;
-        // The pool lets an idle connection go before the upstream would close it (see
-        // `DEFAULT_UPSTREAM_IDLE_TIMEOUT`): hyper checks the idle time when it picks one.
-        // Zero keeps none. A request hyper never wrote to a pooled connection that turned
-        // out closed is sent again on a new one (hyper-util's retry of canceled requests,
-        // on by default); one that was written is never sent twice.
-        let max_idle = if upstream_idle.is_zero() {
-            0
-        } else {
-            UPSTREAM_POOL_MAX_IDLE
-        };
-        // The write queues are part of the request buffer budget (see `budget`).
-        let http1 = Client::builder(TokioExecutor::new())
-            .pool_idle_timeout(upstream_idle)
-            .pool_max_idle_per_host(max_idle)
-            .pool_timer(TokioTimer::new())
-            .http1_max_buf_size(crate::config::UPSTREAM_WRITE_BUFFER)
-            .build(UpstreamConnector::http1(
+        let connectors = (
+            UpstreamConnector::http1(
                 connector.clone(),
                 tls.map(|t| t.http1.clone()),
                 handshake_timeout,
-            ));
-        let h2c = Client::builder(TokioExecutor::new())
-            .http2_only(true)
-            .http2_initial_stream_window_size(H2_STREAM_WINDOW)
-            .http2_initial_connection_window_size(H2_CONNECTION_WINDOW)
-            .http2_max_send_buf_size(crate::config::UPSTREAM_WRITE_BUFFER)
-            .pool_idle_timeout(upstream_idle)
-            .pool_max_idle_per_host(max_idle)
-            .pool_timer(TokioTimer::new())
-            .timer(TokioTimer::new())
-            .build(UpstreamConnector::h2(
-                connector,
-                tls.map(|t| t.h2.clone()),
-                handshake_timeout,
-            ));
+            ),
+            UpstreamConnector::h2(connector, tls.map(|t| t.h2.clone()), handshake_timeout),
+        );
+        let clients = NodeClients::new(&pool, connectors, upstream_idle, &limits);
         let quiet = QuietLimits {
             // A connection that never sent a request is idle too: it gets no longer than one
             // that has (a short --idle-timeout alone must close silent connections).
@@ -206,8 +176,7 @@ impl HttpForwarder {
         Self {
             pool,
             protocol: plan.upstream_protocol,
-            http1,
-            h2c,
+            clients,
             upstream_slots: Arc::new(Semaphore::new(limits.max_upstream_requests)),
             quiet,
             limits,

@@ -3,7 +3,9 @@
 //! `healthy_threshold` good ones it takes them again. A good probe also readmits a node
 //! that a failed connect ejected. Probes are what Qdrant answers without an API key:
 //! `GET /readyz` over HTTP/1.1, `grpc.health.v1.Health/Check` over HTTP/2, or a TCP
-//! connect; over TLS to `https://` nodes.
+//! connect; over TLS to `https://` nodes. A failed probe's connection is not used again,
+//! and a node taken out moves its connection epoch on, so that the data path's
+//! connections made before are not used again either (`http::node_clients`).
 
 use std::sync::Arc;
 
@@ -37,44 +39,65 @@ pub fn spawn(
     plan: &super::HealthCheckPlan,
     shutdown: &CancellationToken,
 ) {
-    let (kind, config) = (plan.kind, &plan.settings);
-    let probe = match kind {
-        HealthCheckKind::Off | HealthCheckKind::Auto => return,
-        HealthCheckKind::Connect => Probe::Connect,
-        HealthCheckKind::Http | HealthCheckKind::Grpc => {
-            let mut tcp = HttpConnector::new();
-            tcp.set_nodelay(true);
-            tcp.set_connect_timeout(Some(config.timeout));
-            let mut builder = Client::builder(TokioExecutor::new());
-            builder
-                .pool_timer(TokioTimer::new())
-                .timer(TokioTimer::new());
-            // Probes go the way requests go: over TLS to https:// nodes, so a node whose
-            // certificate stops verifying is taken out like one that stops answering.
-            let tls = pool.tls();
-            let connector = if kind == HealthCheckKind::Grpc {
-                builder.http2_only(true);
-                UpstreamConnector::h2(tcp, tls.map(|t| t.h2.clone()), config.timeout)
-            } else {
-                UpstreamConnector::http1(tcp, tls.map(|t| t.http1.clone()), config.timeout)
-            };
-            let client = builder.build(connector);
-            if kind == HealthCheckKind::Grpc {
-                Probe::Grpc(client)
-            } else {
-                Probe::Http(client, config.path.clone())
-            }
-        }
-    };
-    let probe = Arc::new(probe);
+    if matches!(plan.kind, HealthCheckKind::Off | HealthCheckKind::Auto) {
+        return;
+    }
+    let maker = Arc::new(ProbeMaker {
+        kind: plan.kind,
+        config: plan.settings.clone(),
+        tls: pool.tls().cloned(),
+    });
     for node in pool.nodes() {
         tokio::spawn(check_node(
             pool.clone(),
             node.clone(),
-            probe.clone(),
-            config.clone(),
+            maker.clone(),
             shutdown.clone(),
         ));
+    }
+}
+
+/// Makes a node's probe: its own client (and so its own connection), made anew after a
+/// failed probe.
+struct ProbeMaker {
+    kind: HealthCheckKind,
+    config: HealthCheckConfig,
+    tls: Option<super::UpstreamTlsPair>,
+}
+
+impl ProbeMaker {
+    fn make(&self) -> Probe {
+        let config = &self.config;
+        match self.kind {
+            HealthCheckKind::Http | HealthCheckKind::Grpc => {
+                let mut tcp = HttpConnector::new();
+                tcp.set_nodelay(true);
+                tcp.set_connect_timeout(Some(config.timeout));
+                let mut builder = Client::builder(TokioExecutor::new());
+                builder
+                    .pool_timer(TokioTimer::new())
+                    .timer(TokioTimer::new());
+                // Probes go the way requests go: over TLS to https:// nodes, so a node
+                // whose certificate stops verifying is taken out like one that stops
+                // answering.
+                let tls = self.tls.as_ref();
+                let connector = if self.kind == HealthCheckKind::Grpc {
+                    builder.http2_only(true);
+                    UpstreamConnector::h2(tcp, tls.map(|t| t.h2.clone()), config.timeout)
+                } else {
+                    UpstreamConnector::http1(tcp, tls.map(|t| t.http1.clone()), config.timeout)
+                };
+                let client = builder.build(connector);
+                if self.kind == HealthCheckKind::Grpc {
+                    Probe::Grpc(client)
+                } else {
+                    Probe::Http(client, config.path.clone())
+                }
+            }
+            HealthCheckKind::Connect | HealthCheckKind::Off | HealthCheckKind::Auto => {
+                Probe::Connect
+            }
+        }
     }
 }
 
@@ -178,10 +201,11 @@ fn grpc_serving_status(message: &[u8]) -> Option<u8> {
 async fn check_node(
     pool: Arc<UpstreamPool>,
     node: Arc<Node>,
-    probe: Arc<Probe>,
-    config: HealthCheckConfig,
+    maker: Arc<ProbeMaker>,
     shutdown: CancellationToken,
 ) {
+    let config = &maker.config;
+    let mut probe = maker.make();
     let mut ticks = tokio::time::interval(config.interval);
     ticks.set_missed_tick_behavior(MissedTickBehavior::Delay);
     let (mut passed, mut failed) = (0u32, 0u32);
@@ -206,6 +230,10 @@ async fn check_node(
             Err(why) => {
                 failed = failed.saturating_add(1);
                 passed = 0;
+                // The next probe gets a connection of its own: a half-open one (the node
+                // cut off, then back at the same address) would fail every probe after
+                // this, as Envoy's checker closes its connection on a failure.
+                probe = maker.make();
                 if node.is_healthy() && failed >= config.unhealthy_threshold {
                     pool.set_healthy(&node, false, &why);
                 } else {

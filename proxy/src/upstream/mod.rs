@@ -57,6 +57,9 @@ pub struct Node {
     ejected_until_ms: AtomicU64,
     /// Connect failures since the last success: the exponent of the next ejection.
     connect_failures: AtomicU32,
+    /// Moved on each time the health checks take the node out: connections made before
+    /// are not used again (see `http::node_clients`).
+    connection_epoch: AtomicU64,
     metrics: NodeMetrics,
 }
 
@@ -69,6 +72,11 @@ impl Node {
     /// The active health checks' verdict.
     pub fn is_healthy(&self) -> bool {
         self.healthy.load(Ordering::Relaxed)
+    }
+
+    /// How many times the health checks have taken the node out.
+    pub fn connection_epoch(&self) -> u64 {
+        self.connection_epoch.load(Ordering::Acquire)
     }
 
     fn is_available(&self, now_ms: &mut Option<u64>, epoch: Instant) -> bool {
@@ -110,6 +118,7 @@ impl UpstreamPool {
                     healthy: AtomicBool::new(true),
                     ejected_until_ms: AtomicU64::new(0),
                     connect_failures: AtomicU32::new(0),
+                    connection_epoch: AtomicU64::new(0),
                     metrics,
                 })
             })
@@ -247,6 +256,7 @@ impl UpstreamPool {
                 tracing::info!(listener = %self.listener, upstream = %node.addr, "upstream node healthy again");
             }
         } else if was {
+            node.connection_epoch.fetch_add(1, Ordering::Release);
             tracing::warn!(listener = %self.listener, upstream = %node.addr, reason = %why, "upstream node unhealthy: its health checks failed");
         }
     }
@@ -275,6 +285,16 @@ impl NodeLease {
     /// The node's bit in a `tried` set.
     pub fn bit(&self) -> u64 {
         1 << self.index
+    }
+
+    /// The node's place in its pool.
+    pub fn index(&self) -> usize {
+        self.index
+    }
+
+    /// See [`Node::connection_epoch`].
+    pub fn connection_epoch(&self) -> u64 {
+        self.node.connection_epoch()
     }
 
     /// Counts a failed exchange with the node, by kind.

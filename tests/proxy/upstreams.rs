@@ -336,10 +336,10 @@ async fn a_node_cut_off_and_back_is_reached_on_new_connections() {
         ],
     );
     let upstream = link.addr.to_string();
-    let mut client = HealthClient::new(grpc_channel(proxy.addr));
+    let client = HealthClient::new(grpc_channel(proxy.addr));
     // Well under the response timeout (60 s): an answer in time came on a live connection.
     let in_time = Duration::from_secs(5);
-    let checks = |client: &mut HealthClient<tonic::transport::Channel>, when: &'static str| {
+    let checks = |when: &'static str| {
         let mut client = client.clone();
         async move {
             for _ in 0..5 {
@@ -350,7 +350,7 @@ async fn a_node_cut_off_and_back_is_reached_on_new_connections() {
             }
         }
     };
-    checks(&mut client, "before the cut").await;
+    checks("before the cut").await;
 
     link.cut();
     tokio::task::block_in_place(|| {
@@ -360,7 +360,7 @@ async fn a_node_cut_off_and_back_is_reached_on_new_connections() {
     tokio::task::block_in_place(|| {
         wait_node_metric(&proxy, "proxy_upstream_node_healthy", &upstream, 1.0)
     });
-    checks(&mut client, "after the mend").await;
+    checks("after the mend").await;
     assert!(
         proxy
             .log_text()

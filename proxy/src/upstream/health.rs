@@ -94,6 +94,7 @@ impl ProbeMaker {
                     Probe::Http(client, config.path.clone())
                 }
             }
+            // `spawn` starts no checks for Off and Auto.
             HealthCheckKind::Connect | HealthCheckKind::Off | HealthCheckKind::Auto => {
                 Probe::Connect
             }
